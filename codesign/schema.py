@@ -1,0 +1,135 @@
+"""Typed schema of a study: from a plain config mapping (Hydra's, converted) to validated library objects.
+
+The libraries never see a DictConfig: ``codesign/`` converts the composed config with
+``OmegaConf.to_container(resolve=True)`` and hands the plain tree to :func:`load_study`, which builds each section
+with its library's own validating constructor. Every failure is one :class:`ConfigError` line naming the field.
+Presets referenced by name (``competitors``) are loaded from ``conf/hardware/NAME.yaml`` and validated the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from arch_space.chip import Chip
+from arch_space.design_space import DesignSpace
+from arch_space.errors import ConfigError
+from arch_space.technology import Generation
+from arch_space.validation import build, check_quantities, choice, quantity
+from serving.architecture import ModelArchitecture
+from serving.precision import Precision
+from serving.roofline import ServingParams
+from serving.scenario import Scenario
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+TOP_LEVEL = ("hardware", "generation", "workload", "precision", "scenario", "space", "sweep", "report", "serving",
+             "competitors", "study_name")
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    output_dir: str = "sweeps_store"
+    ray_address: str | None = None
+    num_workers: int = quantity(integer=True, default=2)
+    batch_size: int = quantity(integer=True, default=256)
+    max_in_flight: int = quantity(integer=True, default=4)
+    max_retries: int = quantity(integer=True, allow_zero=True, default=3)
+    tp_degrees: tuple[int, ...] = (1, 2, 4, 8)
+    progress: bool = True
+
+    @classmethod
+    def from_dict(cls, data, path: str = "sweep") -> "SweepConfig":
+        cfg = build(cls, data, path)
+        check_quantities(cfg.tp_degrees, f"{path}.tp_degrees", integer=True, minimum=1)
+        if cfg.ray_address is not None and not (cfg.ray_address == "auto" or cfg.ray_address.startswith("ray://")
+                                                or ":" in cfg.ray_address):
+            raise ConfigError(f"{path}.ray_address", f"expected null, 'auto', 'ray://host:port' or 'host:port', "
+                                                     f"got {cfg.ray_address!r}")
+        return cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportConfig:
+    title: str = "Gen 2 / Gen 3 design study"
+    objective: str = choice(("total_tok_s_per_kw", "total_tok_s_per_chip", "output_tok_s_per_chip"),
+                            default="total_tok_s_per_kw")
+    interactivity_targets_tok_s_user: tuple[float, ...] = (50.0, 100.0, 200.0)
+    top_k: int = quantity(integer=True, default=5)
+    dpi: int = quantity(integer=True, default=110)
+
+    @classmethod
+    def from_dict(cls, data, path: str = "report") -> "ReportConfig":
+        cfg = build(cls, data, path)
+        check_quantities(cfg.interactivity_targets_tok_s_user, f"{path}.interactivity_targets_tok_s_user")
+        return cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    study_name: str
+    hardware: Chip
+    generations: dict[str, Generation]
+    workload: ModelArchitecture
+    precision: Precision
+    scenario: Scenario
+    space: DesignSpace
+    sweep: SweepConfig
+    report: ReportConfig
+    serving: ServingParams
+    competitors: tuple[Chip, ...]
+    raw: dict  # the validated plain config, for hashing and the report's assumptions section
+
+
+def hardware_presets(conf_dir: Path = CONF_DIR) -> list[str]:
+    return sorted(p.stem for p in (conf_dir / "hardware").glob("*.yaml"))
+
+
+def load_hardware_preset(name: str, path: str, conf_dir: Path = CONF_DIR) -> Chip:
+    file = conf_dir / "hardware" / f"{name}.yaml"
+    if not isinstance(name, str) or not file.exists():
+        raise ConfigError(path, f"unknown hardware preset {name!r} (known: {', '.join(hardware_presets(conf_dir))})")
+    return Chip.from_dict(OmegaConf.to_container(OmegaConf.load(file), resolve=True), path)
+
+
+def load_study(cfg: dict, *, overridden: tuple[str, ...] = (), conf_dir: Path = CONF_DIR) -> Study:
+    """Validate a composed config (plain mapping) into a :class:`Study`. ``overridden`` lists dotted keys set on
+    the command line (their hardware provenance becomes "command line")."""
+    if not isinstance(cfg, dict):
+        raise ConfigError("", f"expected a mapping at the top level, got {type(cfg).__name__}")
+    for key in cfg:
+        if key not in TOP_LEVEL:
+            raise ConfigError(key, f"unknown top-level key (known: {', '.join(TOP_LEVEL)})")
+    for key in TOP_LEVEL:
+        if key not in cfg:
+            raise ConfigError(key, "is missing from the composed config")
+    hw_over = tuple(k.split(".", 1)[1] for k in overridden if k.startswith("hardware.") and k.count(".") == 1)
+    hardware = Chip.from_dict(cfg["hardware"], "hardware", overridden=hw_over)
+    gens_raw = cfg["generation"]
+    if not isinstance(gens_raw, dict) or not gens_raw:
+        raise ConfigError("generation", f"expected one or more generations, got {gens_raw!r}")
+    generations = {k: Generation.from_dict(v, f"generation.{k}") for k, v in gens_raw.items()}
+    for k, g in generations.items():
+        if g.name != k:
+            raise ConfigError(f"generation.{k}.name", f"must match its key {k!r}, got {g.name!r}")
+    comps = cfg["competitors"]
+    if not isinstance(comps, list):
+        raise ConfigError("competitors", f"expected a list of hardware preset names, got {comps!r}")
+    competitors = tuple(load_hardware_preset(n, f"competitors[{i}]", conf_dir) for i, n in enumerate(comps))
+    if not isinstance(cfg["study_name"], str) or not cfg["study_name"]:
+        raise ConfigError("study_name", f"expected a non-empty string, got {cfg['study_name']!r}")
+    return Study(
+        study_name=cfg["study_name"],
+        hardware=hardware,
+        generations=generations,
+        workload=ModelArchitecture.from_dict(cfg["workload"], "workload"),
+        precision=Precision.from_dict(cfg["precision"], "precision"),
+        scenario=Scenario.from_dict(cfg["scenario"], "scenario"),
+        space=DesignSpace.from_dict(cfg["space"], "space"),
+        sweep=SweepConfig.from_dict(cfg["sweep"], "sweep"),
+        report=ReportConfig.from_dict(cfg["report"], "report"),
+        serving=ServingParams.from_dict(cfg["serving"], "serving"),
+        competitors=competitors,
+        raw=cfg,
+    )

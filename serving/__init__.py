@@ -1,0 +1,1 @@
+"""Workload models, operator graphs and the serving performance model (pure computation)."""

@@ -1,0 +1,79 @@
+"""Precision recipes: the storage dtype of each tensor class, the math dtype it is computed in, and the KV cache.
+
+A recipe says, per tensor class (attention, dense FFN, routed experts, shared experts, embeddings / lm_head), which
+format the weights are stored in and which math rate the matmul runs at. Storage formats count their block scales
+in the bytes (OCP Microscaling spec v1.0 for MXFP4: 32-element blocks sharing an 8-bit E8M0 scale = 4.25 bits per
+weight; NVIDIA NVFP4: 16-element blocks with an FP8 E4M3 scale = 4.5 bits; W4A16 INT4 with group 32 and a BF16
+scale = 4.5 bits; DeepSeek-V3 FP8 with one FP32 scale per 128 x 128 block = 8 + 32/16384 bits).
+
+On a chip without native math in a dtype the math runs at the next supported rate (``Chip.math_rate``); the weights
+still move in their stored size, which is the whole point of weight-only quantisation on bandwidth-bound decode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from arch_space.errors import ConfigError
+from arch_space.validation import build, choice
+
+TENSOR_CLASSES = ("attention", "dense_ffn", "routed_experts", "shared_experts", "embeddings")
+STORAGE_FORMATS = ("bf16", "fp8", "int8", "mxfp4", "nvfp4", "int4")
+MATH_DTYPES = ("bf16", "fp8", "int8", "fp4")
+
+# Bits per stored element, scales included (sources in the module docstring).
+BITS_PER_ELEMENT = {
+    "bf16": 16.0,
+    "fp8": 8.0 + 32.0 / (128 * 128),
+    "int8": 8.0,
+    "mxfp4": 4.0 + 8.0 / 32,
+    "nvfp4": 4.0 + 8.0 / 16,
+    "int4": 4.0 + 16.0 / 32,
+}
+ACTIVATION_BYTES = {"bf16": 2.0, "fp8": 1.0}
+KV_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5 + 1.0 / 16}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorPrecision:
+    weights: str = choice(STORAGE_FORMATS)
+    math: str = choice(MATH_DTYPES)
+
+    @property
+    def bytes_per_weight(self) -> float:
+        return BITS_PER_ELEMENT[self.weights] / 8.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    name: str
+    attention: TensorPrecision
+    dense_ffn: TensorPrecision
+    routed_experts: TensorPrecision
+    shared_experts: TensorPrecision
+    embeddings: TensorPrecision
+    activations: str = choice(tuple(ACTIVATION_BYTES))
+    kv_cache: str = choice(tuple(KV_BYTES))
+    description: str = ""
+
+    @classmethod
+    def from_dict(cls, data, path: str = "precision") -> "Precision":
+        recipe = build(cls, data, path)
+        for tc in TENSOR_CLASSES:
+            tp = getattr(recipe, tc)
+            if tp.weights in ("mxfp4", "nvfp4") and tp.math not in ("fp4", "fp8", "bf16"):
+                raise ConfigError(f"{path}.{tc}.math", f"FP4 weights cannot be computed in {tp.math!r}")
+        return recipe
+
+    def of(self, tensor_class: str) -> TensorPrecision:
+        if tensor_class not in TENSOR_CLASSES:
+            raise ConfigError("tensor_class", f"unknown tensor class {tensor_class!r}")
+        return getattr(self, tensor_class)
+
+    @property
+    def kv_bytes_per_element(self) -> float:
+        return KV_BYTES[self.kv_cache]
+
+    @property
+    def activation_bytes(self) -> float:
+        return ACTIVATION_BYTES[self.activations]

@@ -1,0 +1,205 @@
+"""Fan design batches out to Ray tasks that evaluate them with the vectorised serving model and store the rows.
+
+Ray as its documentation advises: many designs per task (``batch_size``, thousands at scale), the shared inputs
+(workload profile, serving parameters, operating points) ``ray.put`` once, and at most ``max_in_flight`` tasks
+outstanding, drained with ``ray.wait`` (backpressure). Each task writes its own part file atomically, so an
+interrupted sweep keeps every finished batch, and a re-run evaluates only the designs that have no rows yet.
+A task whose worker dies is retried by Ray (``max_retries``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from arch_space.chip import NUMERIC_FIELDS, Chip
+from arch_space.design_space import AXES
+from serving.roofline import INFEASIBLE_REASONS, evaluate_batch
+from sweeps.store import ResultStore, definition_hash
+
+METRICS = ("ttft_s", "tpot_s", "e2e_s", "interactivity_tok_s_user", "output_tok_s_per_chip", "total_tok_s_per_chip",
+           "total_tok_s_per_kw", "usd_per_mtok", "decode_compute_s", "decode_memory_s", "decode_comm_s",
+           "hbm_used_bytes")
+
+
+@dataclasses.dataclass
+class DesignSet:
+    """Designs of one generation (or the preset chips): ids, labels, chips as one batch, design feasibility."""
+    generation: str
+    design_id: list[str]
+    name: list[str]
+    kind: list[str]  # baseline | competitor | candidate
+    chips: Chip
+    feasible: np.ndarray
+    reason: list[str]
+    params: dict[str, np.ndarray]  # design axes (NaN for presets)
+    extra: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    def __len__(self):
+        return len(self.design_id)
+
+    def take(self, idx) -> "DesignSet":
+        idx = np.asarray(idx, dtype=np.int64)
+        chips = Chip(**{f: np.asarray(getattr(self.chips, f))[idx] for f in NUMERIC_FIELDS}, name=self.chips.name)
+        return DesignSet(self.generation, [self.design_id[i] for i in idx], [self.name[i] for i in idx],
+                         [self.kind[i] for i in idx], chips, self.feasible[idx], [self.reason[i] for i in idx],
+                         {k: v[idx] for k, v in self.params.items()}, {k: v[idx] for k, v in self.extra.items()})
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedInputs:
+    workload: str
+    precision: str
+    scenario: str
+    profile: object  # serving.profile.WorkloadProfile
+    params: object  # serving.roofline.ServingParams
+    concurrency: np.ndarray
+    tp: np.ndarray
+
+
+def evaluate_rows(shared: SharedInputs, ds: DesignSet) -> pa.Table:
+    """Every (design, tp, concurrency) row of one batch; designs infeasible by construction get one row each."""
+    ok = np.flatnonzero(ds.feasible)
+    bad = np.flatnonzero(~ds.feasible)
+    m, c = len(shared.tp), len(shared.concurrency)
+    cols: dict[str, list | np.ndarray] = {}
+    if len(ok):
+        sub = ds.take(ok)
+        out = evaluate_batch(sub.chips, shared.profile, shared.params, shared.concurrency, shared.tp)
+        out = {k: np.asarray(v) for k, v in out.items()}
+        n_rows = len(ok) * m * c
+        rep = np.repeat(np.arange(len(ok)), m * c)
+        cols["tp"] = np.tile(np.repeat(shared.tp, c), len(ok)).astype(np.int64)
+        cols["concurrency"] = np.tile(shared.concurrency, len(ok) * m).astype(np.int64)
+        code = out["infeasible_code"].reshape(n_rows)
+        cols["feasible"] = code == 0
+        cols["reason"] = [INFEASIBLE_REASONS.get(int(k), "") for k in code]
+        for k in METRICS:
+            v = out[k].reshape(n_rows).astype(np.float64)
+            cols[k] = np.where(code == 0, v, np.nan) if k != "hbm_used_bytes" else v
+        base = sub
+    else:
+        rep = np.zeros(0, dtype=np.int64)
+        base = None
+    tables = []
+    if base is not None:
+        tables.append(_table(shared, base, rep, cols))
+    if len(bad):
+        sub = ds.take(bad)
+        n = len(bad)
+        bcols = {"tp": np.zeros(n, np.int64), "concurrency": np.zeros(n, np.int64), "feasible": np.zeros(n, bool),
+                 "reason": list(sub.reason)} | {k: np.full(n, np.nan) for k in METRICS}
+        tables.append(_table(shared, sub, np.arange(n), bcols))
+    return pa.concat_tables(tables)
+
+
+def _table(shared: SharedInputs, ds: DesignSet, rep: np.ndarray, cols: dict) -> pa.Table:
+    n = len(rep)
+    data = {
+        "design_id": [ds.design_id[i] for i in rep],
+        "name": [ds.name[i] for i in rep],
+        "kind": [ds.kind[i] for i in rep],
+        "generation": [ds.generation] * n,
+        "workload": [shared.workload] * n,
+        "precision": [shared.precision] * n,
+        "scenario": [shared.scenario] * n,
+    }
+    data.update(cols)
+    for a in AXES:
+        data[f"design_{a}"] = ds.params[a][rep] if a in ds.params else np.full(n, np.nan)
+    for k, v in ds.extra.items():
+        data[k] = v[rep]
+    for f in NUMERIC_FIELDS:
+        data[f"chip_{f}"] = np.asarray(getattr(ds.chips, f), dtype=np.float64)[rep]
+    return pa.table(data)
+
+
+class Progress:
+    """One status line on stderr: done / total designs, rate and ETA."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.total, self.done, self.t0, self.enabled = total, 0, time.perf_counter(), enabled
+
+    def update(self, n: int):
+        self.done += n
+        if not self.enabled:
+            return
+        dt = time.perf_counter() - self.t0
+        rate = self.done / dt if dt > 0 else 0.0
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        frac = self.done / max(self.total, 1)
+        bar = "#" * int(30 * frac)
+        sys.stderr.write(f"\r[{bar:<30}] {self.done}/{self.total} designs  {rate:,.0f}/s  ETA {eta:,.0f} s ")
+        if self.done >= self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _done_ids(store: ResultStore, generation: str, workload: str) -> set[str]:
+    done: set[str] = set()
+    for p in store.parts():
+        if f"generation={generation}" in str(p) and f"workload={workload}" in str(p):
+            done.update(pq.read_table(p, columns=["design_id"]).column("design_id").unique().to_pylist())
+    return done
+
+
+def _evaluate_and_store(store_root_parent: str, definition: dict, shared: SharedInputs, ds: DesignSet) -> int:
+    store = ResultStore(store_root_parent, definition)
+    key = definition_hash({"ids": ds.design_id}, 20)
+    if not store.has(ds.generation, shared.workload, key):
+        store.write(ds.generation, shared.workload, key, evaluate_rows(shared, ds))
+    return len(ds)
+
+
+def run_sweep(design_sets: list[DesignSet], shared: SharedInputs, store: ResultStore, *, batch_size: int,
+              max_in_flight: int, max_retries: int = 3, progress: bool = True) -> dict:
+    """Evaluate every design without rows yet; return counts. Ray must already be initialised."""
+    import ray
+
+    store.open()
+    batches = []
+    for ds in design_sets:
+        done = _done_ids(store, ds.generation, shared.workload)
+        order = sorted((i for i, d in enumerate(ds.design_id) if d not in done), key=lambda i: ds.design_id[i])
+        for s in range(0, len(order), batch_size):
+            batches.append(ds.take(order[s:s + batch_size]))
+    total = sum(len(b) for b in batches)
+    bar = Progress(total, enabled=progress and total > 0)
+    remote = ray.remote(max_retries=max_retries, retry_exceptions=False)(_evaluate_and_store)
+    shared_ref = ray.put(shared)
+    parent = str(store.root.parent)
+    pending = []
+    for b in batches:
+        if len(pending) >= max_in_flight:
+            ready, pending = ray.wait(pending, num_returns=1)
+            bar.update(sum(ray.get(ready)))
+        pending.append(remote.remote(parent, store.definition, shared_ref, b))
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        bar.update(sum(ray.get(ready)))
+    return {"evaluated_designs": total, "batches": len(batches), "sweep_id": store.sweep_id}
+
+
+def init_ray(address: str | None, num_workers: int):
+    """Embedded local Ray by default; ``auto`` or ``ray://host:port`` connects to an existing cluster."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if address:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    else:
+        ray.init(num_cpus=num_workers, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
+                 configure_logging=True, logging_level="ERROR")
+
+
+def result_design_ids(table: pa.Table) -> np.ndarray:
+    return np.asarray(pc.unique(table.column("design_id")).to_pylist())

@@ -1,0 +1,101 @@
+"""Every config composes and validates; bad input fails at start-up with one line naming the field and value."""
+
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from arch_space.errors import ConfigError
+from codesign.cli import CONF_DIR, precheck
+from codesign.main import _validate
+from codesign.schema import load_study
+
+GROUPS = sorted(d.name for d in CONF_DIR.iterdir() if d.is_dir())
+OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.yaml"))]
+
+
+def composed(overrides=()):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+
+
+def test_groups_cover_every_axis():
+    for g in ("hardware", "generation", "workload", "scenario", "space", "sweep", "report", "experiment",
+              "precision"):
+        assert g in GROUPS
+
+
+def test_default_config_validates():
+    study = load_study(composed())
+    assert study.hardware.name == "jalapeno_gen1"
+    assert set(study.generations) == {"gen2", "gen3"}
+    assert [c.name for c in study.competitors][:2] == ["gb200", "gb300"]
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_config_option_composes_and_validates(group, option):
+    override = f"{group}=[{option}]" if group == "generation" else f"{group}={option}"
+    study = load_study(composed([override]))
+    if group == "hardware":
+        assert study.hardware.name == option
+    if group == "workload":
+        assert study.workload.name == option
+
+
+def check(argv):
+    with pytest.raises(ConfigError) as ei:
+        precheck(argv, _validate)
+    msg = str(ei.value)
+    assert "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["hardware=no_such_chip"], "hardware: unknown preset 'no_such_chip'"),
+    (["workload=gpt5"], "workload: unknown preset 'gpt5'"),
+    (["-m", "workload=llama3_8b,nope"], "workload: unknown preset 'nope'"),
+    (["hardware.hbm_bandwidth_bytes_per_s=-1"], "hardware.hbm_bandwidth_bytes_per_s: must be > 0, got -1"),
+    (["hardware.hbm_bandwidth_bytes_per_s=0"], "hardware.hbm_bandwidth_bytes_per_s: must be > 0, got 0"),
+    (["hardware.hbm_bandwidth_bytes_per_s=nan"], "hardware.hbm_bandwidth_bytes_per_s: must be finite, got nan"),
+    (["hardware.power_rating_w=inf"], "hardware.power_rating_w: must be finite, got inf"),
+    (["hardware.hbm_bandwidth_bytes_per_s=fast"], "hardware.hbm_bandwidth_bytes_per_s: expected a number, got 'fast'"),
+    (["+hardware.warp_drive=1"], "hardware.warp_drive: unknown hardware field"),
+    (["hardware.warp_drive=1"], "Could not override 'hardware.warp_drive'"),
+    (["scenario.isl_tokens=-5"], "scenario.isl_tokens: must be > 0, got -5"),
+    (["scenario.kind=open_loop"], "scenario.kind: must be one of closed_loop, offline, got 'open_loop'"),
+    (["sweep.num_workers=two"], "sweep.num_workers: expected a number, got 'two'"),
+    (["sweep.batch_size=0"], "sweep.batch_size: must be > 0, got 0"),
+    (["competitors=[b200,h900]"], "competitors[1]: unknown hardware preset 'h900'"),
+    (["space.hbm_stacks=[8,-2]"], "space.hbm_stacks[1]: must be > 0, got -2"),
+    (["report.objective=vibes"], "report.objective: must be one of"),
+    (["serving.compute_efficiency=1.5"], "serving.compute_efficiency: must be <= 1"),
+    (["workload.num_layers=-3"], "workload.num_layers"),
+    (["generation.gen2.hbm_stack_bandwidth_bytes_per_s=-1"],
+     "generation.gen2.hbm_stack_bandwidth_bytes_per_s: must be > 0, got -1"),
+    (["precision.kv_cache=fp2"], "precision.kv_cache: must be one of"),
+])
+def test_bad_input_is_one_clear_line(argv, expect):
+    assert expect in check(argv)
+
+
+def test_command_line_override_is_marked_in_provenance():
+    study = load_study(composed(["hardware.hbm_bandwidth_bytes_per_s=2e13"]),
+                       overridden=("hardware.hbm_bandwidth_bytes_per_s",))
+    assert study.hardware.hbm_bandwidth_bytes_per_s == 2e13
+    assert study.hardware.provenance_of("hbm_bandwidth_bytes_per_s").source.startswith("set on the command line")
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["hardware=no_such_chip"], "codesign: error: hardware: unknown preset 'no_such_chip'"),
+    (["hardware.hbm_bandwidth_bytes_per_s=-1"], "codesign: error: hardware.hbm_bandwidth_bytes_per_s: must be > 0"),
+])
+def test_cli_prints_one_line_and_exits_nonzero(argv, expect, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "codesign.main", *argv, f"hydra.run.dir={tmp_path}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines == [lines[0]] and lines[0].startswith(expect), proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "results.parquet").exists()
