@@ -19,7 +19,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from arch_space.errors import ConfigError
-from codesign.cli import fail, overridden_keys, precheck
+from codesign.cli import CONF_DIR, fail, overridden_keys, precheck
 from codesign.schema import load_study
 
 PROG = "codesign"
@@ -29,7 +29,7 @@ def _validate(cfg: dict, overridden: tuple[str, ...]):
     return load_study(cfg, overridden=overridden)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
