@@ -97,6 +97,10 @@ def _coerce(tp, value, path: str):
         return {_coerce(kt, k, path): _coerce(vt, v, f"{path}.{k}") for k, v in value.items()}
     if tp is Any:
         return value
+    if tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"expected a mapping, got {value!r}")
+        return value
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value

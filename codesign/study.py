@@ -89,7 +89,7 @@ def run_study(study: Study, run_dir: Path, *, log=print) -> dict[str, Path]:
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     design_sets = [preset_designs(study)] + candidate_designs(study)
-    profile = build_profile(study.workload, study.precision, study.scenario)
+    profile = build_profile(study.workload, study.precision.for_workload(study.workload.name), study.scenario)
     shared = SharedInputs(workload=study.workload.name, precision=study.precision.name,
                           scenario=study.scenario.name, profile=profile, params=study.serving,
                           concurrency=np.asarray(study.scenario.concurrency, dtype=np.float64),

@@ -55,15 +55,48 @@ class Precision:
     activations: str = choice(tuple(ACTIVATION_BYTES))
     kv_cache: str = choice(tuple(KV_BYTES))
     description: str = ""
+    # Per-model refinements of this recipe, keyed by workload name: partial mappings of the fields above. The
+    # published checkpoints differ (gpt-oss ships MXFP4 experts with BF16 attention; NVIDIA's FP4 Llama
+    # checkpoints are NVFP4; Kimi K2.5 is INT4 W4A16 on routed experts only), so "fp4" means the FP4 serving
+    # recipe *of that model*. :meth:`for_workload` applies them.
+    per_model: dict[str, dict] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data, path: str = "precision") -> "Precision":
         recipe = build(cls, data, path)
+        for model, over in recipe.per_model.items():
+            if not isinstance(over, dict):
+                raise ConfigError(f"{path}.per_model.{model}", f"expected a mapping of overrides, got {over!r}")
+            for key in over:
+                if key in ("name", "description", "per_model") or key not in {f.name for f in dataclasses.fields(cls)}:
+                    raise ConfigError(f"{path}.per_model.{model}.{key}", "unknown recipe field")
+            recipe._merged(model, path)  # validate now, not when first used
         for tc in TENSOR_CLASSES:
             tp = getattr(recipe, tc)
             if tp.weights in ("mxfp4", "nvfp4") and tp.math not in ("fp4", "fp8", "bf16"):
                 raise ConfigError(f"{path}.{tc}.math", f"FP4 weights cannot be computed in {tp.math!r}")
         return recipe
+
+    def _merged(self, model: str, path: str = "precision") -> "Precision":
+        over = self.per_model.get(model, {})
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "per_model"}
+        for key, value in over.items():
+            if key in TENSOR_CLASSES:
+                base = dataclasses.asdict(data[key])
+                if not isinstance(value, dict):
+                    raise ConfigError(f"{path}.per_model.{model}.{key}", f"expected a mapping, got {value!r}")
+                data[key] = base | value
+            else:
+                data[key] = value
+        data = {k: dataclasses.asdict(v) if isinstance(v, TensorPrecision) else v for k, v in data.items()}
+        try:
+            return build(type(self), data, f"{path}.per_model.{model}")
+        except ConfigError:
+            raise
+
+    def for_workload(self, model: str) -> "Precision":
+        """This recipe as it applies to workload ``model`` (its per-model refinements applied)."""
+        return self._merged(model) if model in self.per_model else self
 
     def of(self, tensor_class: str) -> TensorPrecision:
         if tensor_class not in TENSOR_CLASSES:

@@ -148,3 +148,27 @@ def test_gradient_wrt_bandwidth_is_finite_and_matches_finite_difference():
     fd = (float(tpot(3.35e12 + h)) - float(tpot(3.35e12 - h))) / (2 * h)
     assert np.isfinite(g) and g < 0
     assert g == pytest.approx(fd, rel=0.02)
+
+
+def test_precision_recipes_per_model_and_block_scale_bytes():
+    fp4 = Precision.from_dict(load_yaml("precision/fp4.yaml"))
+    oss = fp4.for_workload("gpt_oss_120b")  # native: MXFP4 experts, BF16 attention
+    assert oss.routed_experts.weights == "mxfp4" and oss.attention.weights == "bf16"
+    assert oss.routed_experts.bytes_per_weight == pytest.approx(4.25 / 8)  # OCP MX: 4 bits + 8-bit scale / 32
+    llama = fp4.for_workload("llama3_70b")
+    assert llama.dense_ffn.weights == "nvfp4" and llama.dense_ffn.bytes_per_weight == pytest.approx(4.5 / 8)
+    int4 = Precision.from_dict(load_yaml("precision/int4.yaml"))
+    assert int4.routed_experts.bytes_per_weight == pytest.approx(4.5 / 8) and int4.routed_experts.math == "bf16"
+    assert fp4.for_workload("qwen3_30b_a3b") is fp4  # no refinement: the generic recipe
+
+
+def test_fp4_weights_without_fp4_math_run_at_the_fp8_rate():
+    w = profile("llama3_8b", "fp4", 1024, 2)
+    h100 = chip(fp4_flops_per_s=0.0)  # Hopper: no FP4 math
+    with_fp4 = chip(fp4_flops_per_s=1979e12 * 2)
+    t_h = float(decode_step_time(h100, w, IDEAL, 4096.0, 1.0)[1])
+    t_f = float(decode_step_time(with_fp4, w, IDEAL, 4096.0, 1.0)[1])
+    assert t_f < t_h  # the FP4 layers go twice as fast with native FP4 math
+    # on the chip without FP4 the FP4-stored layers run at the FP8 rate, i.e. exactly as an FP8 recipe's would
+    w8 = profile("llama3_8b", "fp8", 1024, 2)
+    assert t_h == pytest.approx(float(decode_step_time(h100, w8, IDEAL, 4096.0, 1.0)[1]), rel=1e-6)
