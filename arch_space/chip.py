@@ -51,7 +51,15 @@ NUMERIC_FIELDS: dict[str, tuple[bool, bool, bool, str]] = {
     "allin_power_w": (False, False, False, "all-in provisioned power per chip (InferenceX all-in kW)"),
     "die_area_m2": (False, False, False, "total logic die area in the package"),
     "rental_usd_per_s": (False, False, False, "rental / TCO cost per chip-second"),
+    # Dynamic energies for the power model (serving/power.py): FP8 tensor math per FLOP (BF16 2x, FP4 0.5x, INT8
+    # 1x: the 4:2:1 rule of technology.md §2.4), HBM and SRAM traffic per byte, scale-up link traffic per byte.
+    "fp8_energy_j_per_flop": (True, False, False, "dynamic energy of a dense FP8 FLOP"),
+    "hbm_energy_j_per_byte": (True, False, False, "HBM access energy per byte moved"),
+    "sram_energy_j_per_byte": (True, False, False, "on-chip SRAM access energy per byte"),
+    "link_energy_j_per_byte": (True, False, False, "scale-up link energy per byte sent"),
 }
+# Relative energy per FLOP of each math dtype, FP8 = 1 (technology.md §2.4: BF16 : FP8 : FP4 = 4 : 2 : 1).
+ENERGY_PER_FLOP_RELATIVE = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
 STATIC_FIELDS = ("name", "vendor", "provenance")
 
 
@@ -74,9 +82,16 @@ class Chip:
     allin_power_w: Any = 0.0
     die_area_m2: Any = 0.0
     rental_usd_per_s: Any = 0.0
+    fp8_energy_j_per_flop: Any = None  # None only in hand-built test chips; presets and designs always set them
+    hbm_energy_j_per_byte: Any = None
+    sram_energy_j_per_byte: Any = None
+    link_energy_j_per_byte: Any = None
     name: str = "unnamed"
     vendor: str = ""
     provenance: tuple = ()  # ((field, Provenance), ...), static
+
+    def energy_per_flop(self, dtype: str):
+        return self.fp8_energy_j_per_flop * ENERGY_PER_FLOP_RELATIVE[dtype]
 
     # ------------------------------------------------------------------ derived values
     def math_rate(self, dtype: str):

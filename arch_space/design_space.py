@@ -127,6 +127,10 @@ def derive_chips(gen: Generation, params: dict[str, np.ndarray], *, max_chip_cos
         "allin_power_w": allin,
         "die_area_m2": dies * die_area,
         "rental_usd_per_s": rental,
+        "fp8_energy_j_per_flop": np.full_like(rating, 2.0 * gen.fp4_energy_j_per_flop),  # FP8 = 2 x FP4 (§2.4)
+        "hbm_energy_j_per_byte": np.full_like(rating, 8.0 * gen.hbm_energy_j_per_bit),
+        "sram_energy_j_per_byte": np.full_like(rating, gen.sram_energy_j_per_byte),
+        "link_energy_j_per_byte": np.full_like(rating, gen.link_energy_j_per_byte),
     }
     assert set(cols) == set(NUMERIC_FIELDS)
     chips = Chip(**cols, name=name, vendor="candidate", provenance=())

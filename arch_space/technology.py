@@ -37,6 +37,8 @@ class Generation:
     hbm_phy_area_m2_per_stack: float = quantity()
     fixed_io_area_m2: float = quantity(doc="scale-up / scale-out SerDes, PCIe, control: per compute die")
     static_power_fraction: float = quantity(doc="static + uncore power as a fraction of the rating")
+    sram_energy_j_per_byte: float = quantity(doc="global SRAM access energy per byte")
+    link_energy_j_per_byte: float = quantity(doc="scale-up SerDes energy per byte")
     # --- memory
     hbm_stack_bandwidth_bytes_per_s: float = quantity()
     hbm_stack_capacity_bytes: float = quantity()

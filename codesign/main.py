@@ -26,7 +26,11 @@ PROG = "codesign"
 
 
 def _validate(cfg: dict, overridden: tuple[str, ...]):
-    return load_study(cfg, overridden=overridden)
+    from codesign.study import study_mappings
+
+    study = load_study(cfg, overridden=overridden)
+    study_mappings(study)  # named mappings must exist for this workload
+    return study
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -193,7 +193,7 @@ def assumptions(meta: dict) -> list[list[str]]:
         for field, prov in gen.get("provenance", {}).items():
             out.append([f"{g}.{field}", _fmt(gen.get(field)), prov["kind"], prov["source"]])
     for k, v in meta.get("serving", {}).items():
-        out.append([f"serving.{k}", _fmt(v), "assumed", "conf/serving (uncalibrated roofline parameter)"])
+        out.append([f"serving.{k}", _fmt(v), "assumed", "conf/serving (uncalibrated serving-model parameter)"])
     return out
 
 

@@ -20,7 +20,7 @@ from arch_space.technology import Generation
 from arch_space.validation import build, check_quantities, choice, quantity
 from serving.architecture import ModelArchitecture
 from serving.precision import Precision
-from serving.roofline import ServingParams
+from serving.perf import ServingParams
 from serving.scenario import Scenario
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -36,13 +36,12 @@ class SweepConfig:
     batch_size: int = quantity(integer=True, default=256)
     max_in_flight: int = quantity(integer=True, default=4)
     max_retries: int = quantity(integer=True, allow_zero=True, default=3)
-    tp_degrees: tuple[int, ...] = (1, 2, 4, 8)
+    mappings: tuple[str, ...] | None = None  # names to keep (e.g. [tp1, tp2, dep8]); null: every enumerated one
     progress: bool = True
 
     @classmethod
     def from_dict(cls, data, path: str = "sweep") -> "SweepConfig":
         cfg = build(cls, data, path)
-        check_quantities(cfg.tp_degrees, f"{path}.tp_degrees", integer=True, minimum=1)
         if cfg.ray_address is not None and not (cfg.ray_address == "auto" or cfg.ray_address.startswith("ray://")
                                                 or ":" in cfg.ray_address):
             raise ConfigError(f"{path}.ray_address", f"expected null, 'auto', 'ray://host:port' or 'host:port', "
@@ -119,13 +118,18 @@ def load_study(cfg: dict, *, overridden: tuple[str, ...] = (), conf_dir: Path = 
     competitors = tuple(load_hardware_preset(n, f"competitors[{i}]", conf_dir) for i, n in enumerate(comps))
     if not isinstance(cfg["study_name"], str) or not cfg["study_name"]:
         raise ConfigError("study_name", f"expected a non-empty string, got {cfg['study_name']!r}")
+    workload = ModelArchitecture.from_dict(cfg["workload"], "workload")
+    scenario = Scenario.from_dict(cfg["scenario"], "scenario")
+    if scenario.draft_tokens and not workload.num_mtp_layers:
+        raise ConfigError("scenario.draft_tokens", f"{scenario.draft_tokens} MTP draft tokens, but "
+                                                   f"{workload.name} has no MTP head (num_mtp_layers = 0)")
     return Study(
         study_name=cfg["study_name"],
         hardware=hardware,
         generations=generations,
-        workload=ModelArchitecture.from_dict(cfg["workload"], "workload"),
+        workload=workload,
         precision=Precision.from_dict(cfg["precision"], "precision"),
-        scenario=Scenario.from_dict(cfg["scenario"], "scenario"),
+        scenario=scenario,
         space=DesignSpace.from_dict(cfg["space"], "space"),
         sweep=SweepConfig.from_dict(cfg["sweep"], "sweep"),
         report=ReportConfig.from_dict(cfg["report"], "report"),

@@ -21,14 +21,17 @@ from arch_space.design_space import AXES, derive_chips, design_ids
 from codesign.recommend import design_values, recommend
 from codesign.report import write_report
 from codesign.schema import Study
-from serving.profile import build_profile
+from serving.kernel_table import build_kernel_table
+from serving.mappings import enumerate_mappings, mapping_name
+from serving.serve import stack_mappings
 from sweeps.runner import DesignSet, SharedInputs, init_ray, run_sweep
 from sweeps.store import ResultStore, atomic_write_table
 
 # Bump when the evaluation changes what it computes for the same inputs: part of every sweep's identity.
-MODEL_VERSION = "roofline-v1"
-MODEL_NOTE = ("plain per-phase roofline (serving/roofline.py) with the assumed, uncalibrated efficiencies of "
-              "conf/serving; figures are upper-bound estimates until the serving model is calibrated")
+MODEL_VERSION = "serving-v1"
+MODEL_NOTE = ("kernel-level serving model over the traced operator graph (serving/serve.py) with the assumed, "
+              "uncalibrated efficiencies of conf/serving; until calibration, absolute figures are optimistic and "
+              "the comparison between designs is the point")
 
 
 def _preset_id(chip) -> str:
@@ -58,6 +61,21 @@ def candidate_designs(study: Study) -> list[DesignSet]:
     return out
 
 
+def study_mappings(study: Study):
+    """The mappings searched: every enumerated one up to scenario.max_chips, or the named subset of sweep.mappings."""
+    from arch_space.errors import ConfigError
+
+    ms = enumerate_mappings(study.workload, study.scenario.max_chips)
+    if study.sweep.mappings is None:
+        return ms
+    by_name = {mapping_name(m): m for m in ms}
+    for i, n in enumerate(study.sweep.mappings):
+        if n not in by_name:
+            raise ConfigError(f"sweep.mappings[{i}]", f"unknown mapping {n!r} for {study.workload.name} up to "
+                                                      f"{study.scenario.max_chips} chips (known: {', '.join(by_name)})")
+    return [by_name[n] for n in study.sweep.mappings]
+
+
 def sweep_definition(study: Study, design_sets: list[DesignSet]) -> dict:
     """Everything that defines the rows (and nothing about how they are computed: workers, batch size, paths)."""
     raw = study.raw
@@ -65,7 +83,7 @@ def sweep_definition(study: Study, design_sets: list[DesignSet]) -> dict:
     return {
         "model_version": MODEL_VERSION,
         "workload": raw["workload"], "precision": raw["precision"], "scenario": raw["scenario"],
-        "serving": raw["serving"], "tp_degrees": list(study.sweep.tp_degrees),
+        "serving": raw["serving"], "mappings": [mapping_name(m) for m in study_mappings(study)],
         "generations": raw["generation"],
         "presets": {ds_name: {f: float(getattr(c, f)) for f in NUMERIC_FIELDS}
                     for ds_name, c in [(c.name, c) for c in [study.hardware, *study.competitors]]},
@@ -89,16 +107,17 @@ def run_study(study: Study, run_dir: Path, *, log=print) -> dict[str, Path]:
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     design_sets = [preset_designs(study)] + candidate_designs(study)
-    profile = build_profile(study.workload, study.precision.for_workload(study.workload.name), study.scenario)
-    shared = SharedInputs(workload=study.workload.name, precision=study.precision.name,
-                          scenario=study.scenario.name, profile=profile, params=study.serving,
-                          concurrency=np.asarray(study.scenario.concurrency, dtype=np.float64),
-                          tp=np.asarray(study.sweep.tp_degrees, dtype=np.float64))
-    store = ResultStore(Path(study.sweep.output_dir).resolve(), sweep_definition(study, design_sets))
     import ray
 
     started_here = not ray.is_initialized()
-    init_ray(study.sweep.ray_address, study.sweep.num_workers)
+    init_ray(study.sweep.ray_address, study.sweep.num_workers)  # before JAX starts its threads (fork safety)
+    log(f"codesign: tracing {study.workload.name} ({study.precision.name}) into its operator graph")
+    kernels = build_kernel_table(study.workload, study.precision)
+    shared = SharedInputs(workload=study.workload.name, precision=study.precision.name,
+                          scenario=study.scenario.name, kernels=kernels, params=study.serving,
+                          scenario_spec=study.scenario, mappings=stack_mappings(study_mappings(study)),
+                          concurrency=np.asarray(study.scenario.concurrency, dtype=np.float32))
+    store = ResultStore(Path(study.sweep.output_dir).resolve(), sweep_definition(study, design_sets))
     try:
         counts = run_sweep(design_sets, shared, store, batch_size=study.sweep.batch_size,
                            max_in_flight=study.sweep.max_in_flight, max_retries=study.sweep.max_retries,

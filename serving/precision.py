@@ -31,6 +31,14 @@ BITS_PER_ELEMENT = {
     "int4": 4.0 + 16.0 / 32,
 }
 ACTIVATION_BYTES = {"bf16": 2.0, "fp8": 1.0}
+
+# Parameter class (ModelArchitecture.param_counts / the graph's tensor classes) -> the recipe class that sets its
+# storage and math dtype. Routers, norms and the vision tower follow the attention recipe; the MTP head the experts'.
+RECIPE_CLASS = {
+    "attention": "attention", "dense_ffn": "dense_ffn", "routed_experts": "routed_experts",
+    "shared_experts": "shared_experts", "router": "attention", "norms": "attention",
+    "embedding": "embeddings", "lm_head": "embeddings", "vision": "attention", "mtp": "routed_experts",
+}
 KV_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5 + 1.0 / 16}
 
 

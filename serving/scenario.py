@@ -1,9 +1,18 @@
 """Serving scenarios: what load the chip serves and how it is measured.
 
-``closed_loop`` is the InferenceX method (reference README): a fixed maximum concurrency swept in powers of two,
-infinite request rate, random prompts (no prefix-cache hits). ``offline`` is trtllm-bench throughput: every request
-queued at once, exact lengths. Lengths are nominal; ``uniform_0.8_1.0`` draws each request's input and output
-length uniformly in [0.8, 1.0] x nominal, so their means are 0.9 x nominal.
+- ``closed_loop``: the InferenceX method (reference README): fixed maximum concurrency swept in powers of two,
+  infinite request rate, random prompts (no prefix-cache hits), continuous batching with chunked prefill.
+- ``offline``: trtllm-bench throughput: every request queued at once, exact lengths; the figure is the best
+  throughput over batch sizes that fit.
+- ``disaggregated``: separate prefill and decode pools; the pool ratio is given (``prefill_pool_fraction``) or
+  searched (the ratio that balances the two pools' request rates).
+- ``agentic``: multi-turn sessions: each turn appends ``turn_input_tokens`` (user / tool output) and generates
+  ``osl_tokens``; a prefix cache keeps ``prefix_cache_hit_rate`` of the earlier context; ``tool_gap_s`` passes
+  between turns; the latency of a chain of ``chain_steps`` dependent turns is reported.
+Any kind may add speculative decoding with an MTP draft (``draft_tokens``, ``acceptance_rate``).
+
+Lengths are nominal; ``uniform_0.8_1.0`` draws each request's lengths uniformly in [0.8, 1.0] x nominal, so
+their means are 0.9 x nominal (memory is sized for the nominal, i.e. longest, request).
 """
 
 from __future__ import annotations
@@ -14,16 +23,30 @@ from arch_space.errors import ConfigError
 from arch_space.validation import build, check_quantities, choice, quantity
 
 INPUT_DISTS = ("fixed", "uniform_0.8_1.0")
+KINDS = ("closed_loop", "offline", "disaggregated", "agentic")
 
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     name: str
-    kind: str = choice(("closed_loop", "offline"))
+    kind: str = choice(KINDS)
     isl_tokens: int = quantity(integer=True)
     osl_tokens: int = quantity(integer=True)
     input_dist: str = choice(INPUT_DISTS, default="fixed")
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+    max_chips: int = quantity(integer=True, default=8)  # chips one model instance may span (mapping search)
+    # speculative decoding (MTP draft head): 0 = off
+    draft_tokens: int = quantity(integer=True, allow_zero=True, default=0)
+    acceptance_rate: float = quantity(allow_zero=True, default=0.0)
+    # disaggregated serving
+    prefill_batch_tokens: int = quantity(integer=True, default=16384)
+    prefill_pool_fraction: float | None = quantity(optional=True)
+    # agentic sessions
+    turns: int = quantity(integer=True, default=1)
+    turn_input_tokens: int = quantity(integer=True, allow_zero=True, default=0)
+    tool_gap_s: float = quantity(allow_zero=True, default=0.0)
+    prefix_cache_hit_rate: float = quantity(allow_zero=True, default=0.0)
+    chain_steps: int = quantity(integer=True, default=1)
     description: str = ""
 
     @classmethod
@@ -32,6 +55,13 @@ class Scenario:
         check_quantities(sc.concurrency, f"{path}.concurrency", integer=True, minimum=1)
         if sorted(set(sc.concurrency)) != list(sc.concurrency):
             raise ConfigError(f"{path}.concurrency", f"must be strictly increasing, got {list(sc.concurrency)}")
+        for f in ("acceptance_rate", "prefix_cache_hit_rate"):
+            if not getattr(sc, f) < 1:
+                raise ConfigError(f"{path}.{f}", f"must be < 1, got {getattr(sc, f)}")
+        if sc.prefill_pool_fraction is not None and not sc.prefill_pool_fraction < 1:
+            raise ConfigError(f"{path}.prefill_pool_fraction", f"must be < 1, got {sc.prefill_pool_fraction}")
+        if sc.draft_tokens and sc.acceptance_rate <= 0:
+            raise ConfigError(f"{path}.acceptance_rate", "must be > 0 when draft_tokens > 0")
         return sc
 
     @property
@@ -46,3 +76,16 @@ class Scenario:
     @property
     def mean_osl_tokens(self) -> float:
         return self.osl_tokens * self.length_scale
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Expected tokens a sequence advances per step with an n-token draft accepted with probability a per
+        token: (1 - a^(n+1)) / (1 - a) (Leviathan et al., ICML 2023); 1 without speculation."""
+        n, a = self.draft_tokens, self.acceptance_rate
+        return 1.0 if n == 0 else (1.0 - a ** (n + 1)) / (1.0 - a)
+
+    @property
+    def max_context_tokens(self) -> int:
+        if self.kind == "agentic":
+            return self.isl_tokens + self.turns * (self.turn_input_tokens + self.osl_tokens)
+        return self.isl_tokens + self.osl_tokens

@@ -1,7 +1,7 @@
 """Fan design batches out to Ray tasks that evaluate them with the vectorised serving model and store the rows.
 
 Ray as its documentation advises: many designs per task (``batch_size``, thousands at scale), the shared inputs
-(workload profile, serving parameters, operating points) ``ray.put`` once, and at most ``max_in_flight`` tasks
+(workload kernel table, serving parameters, scenario, mappings, operating points) ``ray.put`` once, and at most ``max_in_flight`` tasks
 outstanding, drained with ``ray.wait`` (backpressure). Each task writes its own part file atomically, so an
 interrupted sweep keeps every finished batch, and a re-run evaluates only the designs that have no rows yet.
 A task whose worker dies is retried by Ray (``max_retries``).
@@ -21,12 +21,11 @@ import pyarrow.parquet as pq
 
 from arch_space.chip import NUMERIC_FIELDS, Chip
 from arch_space.design_space import AXES
-from serving.roofline import INFEASIBLE_REASONS, evaluate_batch
+from serving.mappings import mapping_name
+from serving.perf import INFEASIBLE_REASONS
+from serving.serve import METRICS, evaluate_grid
 from sweeps.store import ResultStore, definition_hash
 
-METRICS = ("ttft_s", "tpot_s", "e2e_s", "interactivity_tok_s_user", "output_tok_s_per_chip", "total_tok_s_per_chip",
-           "total_tok_s_per_kw", "usd_per_mtok", "decode_compute_s", "decode_memory_s", "decode_comm_s",
-           "hbm_used_bytes")
 
 
 @dataclasses.dataclass
@@ -58,32 +57,48 @@ class SharedInputs:
     workload: str
     precision: str
     scenario: str
-    profile: object  # serving.profile.WorkloadProfile
-    params: object  # serving.roofline.ServingParams
+    kernels: object  # serving.kernel_table.KernelTable of the workload in its precision
+    params: object  # serving.perf.ServingParams
+    scenario_spec: object  # serving.scenario.Scenario (static under jit)
+    mappings: object  # serving.perf.Mapping with [M] leaves
     concurrency: np.ndarray
-    tp: np.ndarray
+    pad_to: int = 0  # evaluate batches padded to this many designs: one compiled shape per worker
+
+
+def _padded(chips: Chip, n: int, pad_to: int) -> Chip:
+    if pad_to <= n:
+        return chips
+    idx = np.r_[np.arange(n), np.full(pad_to - n, n - 1)]
+    return Chip(**{f: np.asarray(getattr(chips, f))[idx] for f in NUMERIC_FIELDS}, name=chips.name)
 
 
 def evaluate_rows(shared: SharedInputs, ds: DesignSet) -> pa.Table:
     """Every (design, tp, concurrency) row of one batch; designs infeasible by construction get one row each."""
     ok = np.flatnonzero(ds.feasible)
     bad = np.flatnonzero(~ds.feasible)
-    m, c = len(shared.tp), len(shared.concurrency)
+    mp = shared.mappings
+    m, c = len(np.atleast_1d(mp.tp)), len(shared.concurrency)
+    names = [mapping_name(type(mp)(*(np.atleast_1d(getattr(mp, f))[i] for f in ("tp", "dp", "ep", "pp"))))
+             for i in range(m)]
     cols: dict[str, list | np.ndarray] = {}
     if len(ok):
         sub = ds.take(ok)
-        out = evaluate_batch(sub.chips, shared.profile, shared.params, shared.concurrency, shared.tp)
-        out = {k: np.asarray(v) for k, v in out.items()}
+        out = evaluate_grid(_padded(sub.chips, len(ok), shared.pad_to), shared.kernels, shared.params,
+                            shared.scenario_spec, mp, shared.concurrency)
+        out = {k: np.asarray(v)[:len(ok)] for k, v in out.items()}
         n_rows = len(ok) * m * c
         rep = np.repeat(np.arange(len(ok)), m * c)
-        cols["tp"] = np.tile(np.repeat(shared.tp, c), len(ok)).astype(np.int64)
+        midx = np.tile(np.repeat(np.arange(m), c), len(ok))
+        cols["mapping"] = [names[i] for i in midx]
+        for f in ("tp", "dp", "ep", "pp"):
+            cols[f] = np.asarray(np.atleast_1d(getattr(mp, f)), dtype=np.int64)[midx]
         cols["concurrency"] = np.tile(shared.concurrency, len(ok) * m).astype(np.int64)
         code = out["infeasible_code"].reshape(n_rows)
         cols["feasible"] = code == 0
         cols["reason"] = [INFEASIBLE_REASONS.get(int(k), "") for k in code]
         for k in METRICS:
             v = out[k].reshape(n_rows).astype(np.float64)
-            cols[k] = np.where(code == 0, v, np.nan) if k != "hbm_used_bytes" else v
+            cols[k] = v if k in ("hbm_used_bytes", "chips") else np.where(code == 0, v, np.nan)
         base = sub
     else:
         rep = np.zeros(0, dtype=np.int64)
@@ -94,8 +109,9 @@ def evaluate_rows(shared: SharedInputs, ds: DesignSet) -> pa.Table:
     if len(bad):
         sub = ds.take(bad)
         n = len(bad)
-        bcols = {"tp": np.zeros(n, np.int64), "concurrency": np.zeros(n, np.int64), "feasible": np.zeros(n, bool),
-                 "reason": list(sub.reason)} | {k: np.full(n, np.nan) for k in METRICS}
+        bcols = {"mapping": [""] * n} | {f: np.zeros(n, np.int64) for f in ("tp", "dp", "ep", "pp")} | {
+            "concurrency": np.zeros(n, np.int64), "feasible": np.zeros(n, bool), "reason": list(sub.reason)} | {
+            k: np.full(n, np.nan) for k in METRICS}
         tables.append(_table(shared, sub, np.arange(n), bcols))
     return pa.concat_tables(tables)
 
@@ -164,6 +180,7 @@ def run_sweep(design_sets: list[DesignSet], shared: SharedInputs, store: ResultS
     import ray
 
     store.open()
+    shared = dataclasses.replace(shared, pad_to=batch_size)
     batches = []
     for ds in design_sets:
         done = _done_ids(store, ds.generation, shared.workload)

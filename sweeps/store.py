@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SORT_KEYS = ("design_id", "workload", "scenario", "tp", "concurrency")
+SORT_KEYS = ("design_id", "workload", "scenario", "mapping", "concurrency")
 
 
 def canonical_json(obj) -> str:

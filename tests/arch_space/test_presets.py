@@ -157,6 +157,36 @@ def test_preset_fields_and_provenance(path):
     assert data["idle_power_w"] < data["power_rating_w"]
 
 
+# Physically sane bounds (SI) for the power-model energies: an order of magnitude or more around technology.md
+# section 2 (FP8 ~0.05-0.13 pJ/FLOP, HBM 18-31 pJ/byte, global SRAM 3-5 pJ/byte, SerDes 40-44 pJ/byte).
+ENERGY_RANGES = {
+    "fp8_energy_j_per_flop": (1e-14, 1e-12),
+    "hbm_energy_j_per_byte": (5e-12, 1e-10),
+    "sram_energy_j_per_byte": (1e-13, 2e-11),
+    "link_energy_j_per_byte": (5e-12, 2e-10),
+}
+
+
+@pytest.mark.parametrize("path", PRESET_PATHS, ids=PRESET_IDS)
+def test_preset_energies_sane(path):
+    data = load_preset(path)
+    prov = data["provenance"]
+    for field, (lo, hi) in ENERGY_RANGES.items():
+        value = data.get(field)
+        assert value is not None, f"{path.stem}.{field}: every preset must set the power-model energies"
+        assert lo <= float(value) <= hi, f"{path.stem}.{field} = {value} outside the sane range [{lo}, {hi}]"
+        assert prov[field]["kind"] in ("derived", "assumed"), \
+            f"{path.stem}.{field}: no vendor publishes this energy, so it is derived or assumed"
+        assert "technology.md" in prov[field]["source"], f"{path.stem}.{field}: cite technology.md section 2"
+        assert "Rule:" in prov[field]["source"], f"{path.stem}.{field}: state the fleet-wide rule in the source"
+    # Energy of a FLOP at each dtype follows the 4:2:1 rule, and SRAM is cheaper per byte than HBM, HBM than a link.
+    chip = Chip.from_dict(data)
+    fp8 = float(chip.fp8_energy_j_per_flop)
+    assert math.isclose(float(chip.energy_per_flop("bf16")), 2 * fp8)
+    assert math.isclose(float(chip.energy_per_flop("fp4")), 0.5 * fp8)
+    assert chip.sram_energy_j_per_byte < chip.hbm_energy_j_per_byte < chip.link_energy_j_per_byte
+
+
 # ---------------------------------------------------------------- Chip.from_dict on bad input
 
 def _good() -> dict:
@@ -167,6 +197,8 @@ def _good() -> dict:
         "hbm_bandwidth_bytes_per_s": 3.35e12, "scaleup_bandwidth_bytes_per_s": 4.5e11, "scaleup_latency_s": 1.0e-6,
         "scaleup_domain_chips": 8, "scaleout_bandwidth_bytes_per_s": 5.0e10, "power_rating_w": 700.0,
         "idle_power_w": 140.0, "allin_power_w": None, "die_area_m2": None, "rental_usd_per_s": None,
+        "fp8_energy_j_per_flop": 1.28e-13, "hbm_energy_j_per_byte": 3.12e-11, "sram_energy_j_per_byte": 5.0e-12,
+        "link_energy_j_per_byte": 4.4e-11,
     }
     return {"name": "test_chip", "vendor": "Test", **values,
             "provenance": {k: dict(src) for k, v in values.items() if v is not None}}
@@ -197,6 +229,15 @@ def test_bad_value(value, shown):
     assert "hardware.hbm_bandwidth_bytes_per_s" in msg
     assert shown in msg
     assert "\n" not in msg
+
+
+@pytest.mark.parametrize("field", list(ENERGY_RANGES))
+def test_energy_required(field):
+    data = _good()
+    data[field] = None
+    del data["provenance"][field]
+    with pytest.raises(ConfigError, match=rf"hardware\.{field}.*null"):
+        Chip.from_dict(data)
 
 
 def test_bad_value_optional_field():

@@ -37,7 +37,8 @@ def test_default_config_validates():
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_config_option_composes_and_validates(group, option):
     override = f"{group}=[{option}]" if group == "generation" else f"{group}={option}"
-    study = load_study(composed([override]))
+    extra = ["workload=deepseek_r1"] if (group, option) == ("scenario", "inferencex_8k1k_mtp") else []
+    study = load_study(composed([override, *extra]))
     if group == "hardware":
         assert study.hardware.name == option
     if group == "workload":
@@ -64,17 +65,20 @@ def check(argv):
     (["+hardware.warp_drive=1"], "hardware.warp_drive: unknown hardware field"),
     (["hardware.warp_drive=1"], "Could not override 'hardware.warp_drive'"),
     (["scenario.isl_tokens=-5"], "scenario.isl_tokens: must be > 0, got -5"),
-    (["scenario.kind=open_loop"], "scenario.kind: must be one of closed_loop, offline, got 'open_loop'"),
+    (["scenario.kind=open_loop"], "scenario.kind: must be one of closed_loop, offline, disaggregated, agentic, got"),
+    (["scenario.acceptance_rate=1.2"], "scenario.acceptance_rate: must be < 1, got 1.2"),
+    (["sweep.mappings=[tp1,tp3]"], "sweep.mappings[1]: unknown mapping 'tp3'"),
     (["sweep.num_workers=two"], "sweep.num_workers: expected a number, got 'two'"),
     (["sweep.batch_size=0"], "sweep.batch_size: must be > 0, got 0"),
     (["competitors=[b200,h900]"], "competitors[1]: unknown hardware preset 'h900'"),
     (["space.hbm_stacks=[8,-2]"], "space.hbm_stacks[1]: must be > 0, got -2"),
     (["report.objective=vibes"], "report.objective: must be one of"),
-    (["serving.compute_efficiency=1.5"], "serving.compute_efficiency: must be <= 1"),
+    (["serving.gemm_efficiency_max=1.5"], "serving.gemm_efficiency_max: must be <= 1"),
     (["workload.num_layers=-3"], "workload.num_layers"),
     (["generation.gen2.hbm_stack_bandwidth_bytes_per_s=-1"],
      "generation.gen2.hbm_stack_bandwidth_bytes_per_s: must be > 0, got -1"),
     (["precision.kv_cache=fp2"], "precision.kv_cache: must be one of"),
+    (["scenario=inferencex_8k1k_mtp", "workload=llama3_70b"], "scenario.draft_tokens: 3 MTP draft tokens, but"),
 ])
 def test_bad_input_is_one_clear_line(argv, expect):
     assert expect in check(argv)

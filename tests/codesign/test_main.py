@@ -37,7 +37,7 @@ def test_smoke_study_writes_results_figures_and_report_then_resumes(tmp_path):
     assert kinds == {"baseline", "competitor", "candidate"}
     assert set(table.column("generation").to_pylist()) == {"presets", "gen2", "gen3"}
     # 2 presets + 8 designs per generation, every operating point once
-    keys = list(zip(*(table.column(k).to_pylist() for k in ("design_id", "tp", "concurrency"))))
+    keys = list(zip(*(table.column(k).to_pylist() for k in ("design_id", "mapping", "concurrency"))))
     assert len(keys) == len(set(keys))
     assert len(set(table.column("design_id").to_pylist())) == 2 + 2 * 8
     html = (run1 / "report.html").read_text()

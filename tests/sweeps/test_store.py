@@ -10,8 +10,9 @@ import pytest
 from arch_space.chip import Chip, stack
 from serving.architecture import ModelArchitecture
 from serving.precision import Precision
-from serving.profile import build_profile
-from serving.roofline import ServingParams
+from serving.kernel_table import build_kernel_table
+from serving.perf import Mapping, ServingParams
+from serving.serve import stack_mappings
 from serving.scenario import Scenario
 from sweeps.runner import DesignSet, SharedInputs, evaluate_rows, run_sweep
 from sweeps.store import ResultStore, atomic_write_table, definition_hash
@@ -56,14 +57,14 @@ def _designs(n):
 def _shared():
     arch = ModelArchitecture.from_dict(load_yaml("workload/llama3_8b.yaml"))
     sc = Scenario.from_dict(load_yaml("scenario/inferencex_1k1k.yaml"))
-    prof = build_profile(arch, Precision.from_dict(load_yaml("precision/fp8.yaml")), sc)
-    return SharedInputs("llama3_8b", "fp8", sc.name, prof, ServingParams.from_dict(load_yaml("serving/default.yaml")),
-                        np.asarray(sc.concurrency, float), np.asarray([1.0, 2.0]))
+    kt = build_kernel_table(arch, Precision.from_dict(load_yaml("precision/fp8.yaml")))
+    return SharedInputs("llama3_8b", "fp8", sc.name, kt, ServingParams.from_dict(load_yaml("serving/default.yaml")),
+                        sc, stack_mappings([Mapping(tp=1), Mapping(tp=2)]), np.asarray(sc.concurrency, np.float32))
 
 
 def test_rows_are_unique_and_infeasible_designs_keep_their_reason():
     t = evaluate_rows(_shared(), _designs(5))
-    keys = list(zip(*(t.column(k).to_pylist() for k in ("design_id", "tp", "concurrency"))))
+    keys = list(zip(*(t.column(k).to_pylist() for k in ("design_id", "mapping", "concurrency"))))
     assert len(keys) == len(set(keys)) == 4 * 2 * 11 + 1
     bad = t.filter(pa.compute.equal(t.column("design_id"), "d004"))
     assert bad.num_rows == 1 and not bad.column("feasible")[0].as_py()

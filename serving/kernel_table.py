@@ -1,0 +1,195 @@
+"""From traced operator graphs to a table of per-kernel cost coefficients that the serving model evaluates.
+
+The operator graph (``serving/graph.py``) prices one traced step at one (batch, context). The serving model needs
+every kernel's cost as a function of the batch B and the context C, for every concurrency at once, inside ``jit``
+and ``vmap``. Every quantity a transformer kernel has is affine in B, B x C (decode) or T, T^2 (prefill of T
+tokens), so :func:`build_kernel_table` traces a few full-size steps of the real model and solves for those
+coefficients per kernel:
+
+    decode  q(B, C) = q_B x B + q_BC x B x C        from traces at (B, C) = (1, C0), (2, C0), (1, 2 C0)
+    prefill q(T)    = q_T x T + q_TT x T^2          from traces at T = T0, 2 T0, 4 T0 (the 4 T0 one checks the fit)
+
+for matmul FLOPs by math dtype, KV bytes read and written and activation bytes. Weight bytes are constant per step
+(routed experts scale at evaluation with the expected experts touched). The model code computes attention over the
+whole masked cache; real kernels skip masked blocks, so the evaluator caps sliding-window and chunked layers at
+their window (``ctx_cap``) and halves the causal T^2 term (FlashAttention-2's causal block skipping, Dao 2023).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+
+from serving.graph import trace_step
+from serving.graph_parallel import ParallelMapping
+from serving.precision import MATH_DTYPES, RECIPE_CLASS, Precision
+
+KIND_GEMM, KIND_ATTENTION, KIND_MOE, KIND_VECTOR = 0, 1, 2, 3
+GROUP_ATTENTION, GROUP_FFN, GROUP_EXPERTS = 0, 1, 2
+_KIND = {"matmul": KIND_GEMM, "lm_head": KIND_GEMM, "router": KIND_GEMM, "embed": KIND_VECTOR,
+         "attention": KIND_ATTENTION, "moe_experts": KIND_MOE}
+_FFN_OPS = ("mlp", "shared_expert")
+DECODE_C0 = 1024
+PREFILL_T0 = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTable:
+    """Per-kernel coefficients (arrays of shape [K], FLOP arrays [K, len(MATH_DTYPES)])."""
+    kind: np.ndarray
+    group: np.ndarray
+    layer: np.ndarray  # -1 outside the layer stack
+    d_flops_b: np.ndarray  # decode matmul FLOPs per token, by dtype
+    d_flops_bc: np.ndarray  # ... per token per context position
+    p_flops_t: np.ndarray  # prefill matmul FLOPs per token
+    p_flops_tt: np.ndarray  # ... per token^2 (full masked square as traced)
+    weight_bytes: np.ndarray  # non-routed weight bytes read per step
+    expert_weight_bytes: np.ndarray  # all routed experts of the kernel (scaled by touched / E when evaluated)
+    d_kv_read_bc: np.ndarray  # KV bytes read per token per context position
+    kv_write_b: np.ndarray  # KV bytes written per new token
+    d_act_b: np.ndarray  # activation bytes in + out per token (decode)
+    p_act_t: np.ndarray  # ... per prefill token
+    ctx_cap: np.ndarray  # window / chunk of sliding or chunked attention, else a large number
+    tp_allreduce: np.ndarray  # 1.0 where a TP all-reduce follows the kernel
+    ep_alltoall: np.ndarray  # 1.0 on the routed-experts kernels (dispatch + combine under EP)
+    draft_count: np.ndarray  # how many of the ``count`` kernels one MTP draft step runs (last layer + lm_head)
+    count: np.ndarray  # identical kernels merged into this row (the same kernel of every layer of one kind)
+    hidden_size: float
+    num_layers: float
+    num_experts: float
+    experts_per_token: float
+    kv_split_limit: float  # TP degree beyond which the KV cache is replicated (KV heads; 1 for MLA's latent)
+    weight_bytes_total: float  # every resident weight (for memory feasibility)
+    activation_bytes: float
+    names: tuple = ()  # static
+
+    @property
+    def num_kernels(self) -> int:
+        return len(self.kind)
+
+
+_DATA = [f.name for f in dataclasses.fields(KernelTable) if f.name != "names"]
+jax.tree_util.register_dataclass(KernelTable, data_fields=_DATA, meta_fields=["names"])
+
+
+def _flops_vec(k) -> np.ndarray:
+    return np.asarray([k.flops_by_math_dtype.get(dt, 0.0) for dt in MATH_DTYPES], dtype=np.float64)
+
+
+def _kv_cap(arch, layer: int | None) -> float:
+    if layer is None or layer < 0:
+        return 1e12
+    kind = arch.layer_kinds()[layer].attention
+    if kind == "sliding" and arch.sliding_window:
+        return float(arch.sliding_window)
+    if kind == "chunked" and arch.attention_chunk_size:
+        return float(arch.attention_chunk_size)
+    return 1e12
+
+
+def _aligned(*graphs):
+    names = [tuple(k.name for k in g.kernels) for g in graphs]
+    if any(n != names[0] for n in names[1:]):
+        raise ValueError("traced graphs at different sizes have different kernels; cannot fit coefficients")
+    return names[0]
+
+
+_TABLES: dict = {}
+
+
+def _cached_table(arch, precision: Precision) -> KernelTable:
+    key = (arch, json.dumps(dataclasses.asdict(precision), sort_keys=True))
+    if key not in _TABLES:
+        _TABLES[key] = _trace_table(arch, precision)
+    return _TABLES[key]
+
+
+def _trace_table(arch, precision: Precision) -> KernelTable:
+    from serving.models import build_model
+
+    model = build_model(arch)
+    ref = ParallelMapping(tp=2, ep=2 if arch.num_experts else 1)  # to learn where collectives sit
+    dec = {(b, c): trace_step(model, arch, "decode", b, 1, c, precision, mapping=ref)
+           for b, c in ((1, DECODE_C0), (2, DECODE_C0), (1, 2 * DECODE_C0))}
+    pre = {t: trace_step(model, arch, "prefill", 1, t, t, precision) for t in (PREFILL_T0, 2 * PREFILL_T0)}
+    names = _aligned(*dec.values(), *pre.values())
+    g11, g21, g12 = dec[(1, DECODE_C0)], dec[(2, DECODE_C0)], dec[(1, 2 * DECODE_C0)]
+    p1, p2 = pre[PREFILL_T0], pre[2 * PREFILL_T0]
+    t1, t2 = float(PREFILL_T0), float(2 * PREFILL_T0)
+    rows = []
+    for i, name in enumerate(names):
+        a, b, c = g11.kernels[i], g21.kernels[i], g12.kernels[i]
+        q1, q2 = p1.kernels[i], p2.kernels[i]
+
+        def decode_fit(get):
+            # q(B, C) = qb B + qbc B C: the B slope at C0 and the C slope at B = 1
+            slope_c = (get(c) - get(a)) / DECODE_C0
+            qb = get(b) - get(a) - slope_c * DECODE_C0
+            return qb, slope_c
+
+        def prefill_fit(get):
+            # q(T) = qt T + qtt T^2 through the two traces
+            y1, y2 = get(q1), get(q2)
+            qtt = (y2 / t2 - y1 / t1) / (t2 - t1)
+            return y1 / t1 - qtt * t1, qtt
+
+        fb, fbc = decode_fit(_flops_vec)
+        pt, ptt = prefill_fit(_flops_vec)
+        _, kv_bc = decode_fit(lambda k: k.kv_read_bytes)
+        kv_w, _ = decode_fit(lambda k: k.kv_write_bytes)
+        act_b, _ = decode_fit(lambda k: k.activation_in_bytes + k.activation_out_bytes)
+        act_t, _ = prefill_fit(lambda k: k.activation_in_bytes + k.activation_out_bytes)
+        op = name.rsplit("/", 1)[-1]
+        routed = a.weight_bytes_by_class.get("routed_experts", 0.0)
+        group = GROUP_EXPERTS if a.kind == "moe_experts" else GROUP_FFN if op in _FFN_OPS else GROUP_ATTENTION
+        rows.append(dict(
+            kind=_KIND.get(a.kind, KIND_VECTOR), group=group, layer=-1 if a.layer is None else a.layer,
+            d_flops_b=np.maximum(fb, 0), d_flops_bc=np.maximum(fbc, 0), p_flops_t=np.maximum(pt, 0),
+            p_flops_tt=np.maximum(ptt, 0), weight_bytes=a.weight_bytes - routed, expert_weight_bytes=routed,
+            d_kv_read_bc=max(kv_bc, 0.0), kv_write_b=max(kv_w, 0.0), d_act_b=max(act_b, 0.0),
+            p_act_t=max(act_t, 0.0), ctx_cap=_kv_cap(arch, a.layer) if a.kind == "attention" else 1e12,
+            tp_allreduce=float(any(x.op == "all_reduce" for x in a.comm)),
+            ep_alltoall=float(any(x.op == "all_to_all" for x in a.comm)),
+            # DeepSeek's MTP module is one more decoder layer (+ eh_proj) sharing the lm_head: its cost is that
+            # of the last layer plus the head (eh_proj, 2h x h, is under 1% of a MoE layer and is left out)
+            draft_count=float(a.layer == arch.num_layers - 1 or op == "lm_head"), count=1.0))
+    rows, names = _merge(rows, names)
+    cols = {k: np.asarray([r[k] for r in rows], dtype=np.float64) for k in rows[0]}
+    cols["kind"] = cols["kind"].astype(np.int32)
+    cols["group"] = cols["group"].astype(np.int32)
+    counts = arch.param_counts()
+    resident = sum(n * precision.of(_recipe(c)).bytes_per_weight for c, n in counts.items() if c != "mtp")
+    return KernelTable(
+        **cols, hidden_size=float(arch.hidden_size), num_layers=float(arch.num_layers),
+        num_experts=float(max(arch.num_experts, 1)), experts_per_token=float(arch.experts_per_token),
+        kv_split_limit=float(arch.num_kv_heads if arch.family == "gqa" else 1),
+        weight_bytes_total=float(resident), activation_bytes=precision.activation_bytes, names=names)
+
+
+def _merge(rows: list[dict], names: tuple) -> tuple[list[dict], tuple]:
+    """Merge kernels whose every coefficient is equal (e.g. o_proj of all 80 layers) into one row with a count:
+    the evaluator's cost is per unique kernel, so a 61-layer model costs what its few layer kinds cost."""
+    merged: dict = {}
+    order = []
+    for r, name in zip(rows, names):
+        key = tuple((k, np.asarray(v).tobytes()) for k, v in sorted(r.items())
+                    if k not in ("layer", "count", "draft_count"))
+        if key not in merged:
+            merged[key] = dict(r, layer=r["layer"], count=0.0, draft_count=0.0, _name=name.split("/")[-1])
+            order.append(key)
+        merged[key]["count"] += 1.0
+        merged[key]["draft_count"] += r["draft_count"]
+    out = [merged[k] for k in order]
+    return [{k: v for k, v in r.items() if k != "_name"} for r in out], tuple(r["_name"] for r in out)
+
+
+def _recipe(cls: str) -> str:
+    return RECIPE_CLASS[cls]
+
+
+def build_kernel_table(arch, precision: Precision) -> KernelTable:
+    """The kernel table of ``arch`` in ``precision`` (traced once per process and cached)."""
+    return _cached_table(arch, precision.for_workload(arch.name))

@@ -1,0 +1,248 @@
+"""Kernel-level serving performance on a chip: step times under a parallel mapping, memory and power.
+
+Each kernel of the traced operator graph (``kernel_table.py``) costs, per chip,
+
+    t_k = max( sum_dtype FLOPs_k,dtype / (rate_dtype x eff_compute(kind, rows)),
+               memory time of its bytes with SRAM and HBM streaming concurrently / eff_memory(bytes) )
+          + kernel_overhead
+
+where the achieved compute efficiency is shape-aware, eff = e_max x rows / (rows + rows_half) per kernel kind (dense
+GEMMs, attention, grouped MoE GEMMs: small or low-intensity kernels reach a smaller share of peak, the behaviour
+roofline studies measure, e.g. Yuan et al., "LLM Inference Unveiled", 2024), and memory efficiency grows with the
+transfer size the same way. A step adds its collectives (ring / tree all-reduce, all-to-all, p2p; ``collectives``
+below), overlapped with compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit in on-chip
+SRAM stream from it (placement: the step's resident bytes share the SRAM pro rata).
+
+Parallel mapping (vectorisable floats): ``tp`` tensor parallel inside an attention replica, ``dp`` attention data
+parallel replicas, ``ep`` expert parallel ranks over the tp x dp chips of a stage, ``pp`` pipeline stages.
+Attention-side and dense-FFN kernels split their work over tp x dp chips and their weights over tp; KV heads split
+over min(tp, KV heads) (MLA's shared latent does not split); routed experts shard over all tp x dp chips, with the
+expected load imbalance of the busiest EP rank. The power model (``power``) caps sustained power at the rating by
+throttling the clock of the compute-bound part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from arch_space.chip import ENERGY_PER_FLOP_RELATIVE, Chip
+from arch_space.errors import ConfigError
+from arch_space.validation import build, quantity
+from serving.kernel_table import GROUP_ATTENTION, GROUP_EXPERTS, GROUP_FFN, KIND_ATTENTION, KIND_GEMM, KIND_MOE, \
+    KernelTable
+from serving.precision import MATH_DTYPES
+
+_FRACTIONS = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "memory_efficiency_max",
+              "link_efficiency", "comm_overlap", "hbm_reserve_fraction")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingParams:
+    """Named efficiency and overhead parameters (a pytree: calibrated by gradient descent, see conf/serving)."""
+    gemm_efficiency_max: float = quantity(default=0.75)
+    gemm_rows_half: float = quantity(default=32.0)
+    attention_efficiency_max: float = quantity(default=0.6)
+    attention_rows_half: float = quantity(default=64.0)
+    moe_efficiency_max: float = quantity(default=0.6)
+    moe_rows_half: float = quantity(default=64.0)
+    memory_efficiency_max: float = quantity(default=0.85)
+    memory_bytes_half: float = quantity(default=2.0e6)
+    link_efficiency: float = quantity(default=0.8)
+    kernel_overhead_s: float = quantity(allow_zero=True, default=4.0e-6)
+    step_overhead_s: float = quantity(allow_zero=True, default=2.0e-4)
+    comm_overlap: float = quantity(allow_zero=True, default=0.5)
+    hbm_reserve_fraction: float = quantity(allow_zero=True, default=0.1)
+
+    @classmethod
+    def from_dict(cls, data, path: str = "serving") -> "ServingParams":
+        p = build(cls, data, path)
+        for f in _FRACTIONS:
+            if getattr(p, f) > 1:
+                raise ConfigError(f"{path}.{f}", f"must be <= 1 (a fraction), got {getattr(p, f)}")
+        return p
+
+
+jax.tree_util.register_dataclass(ServingParams, data_fields=[f.name for f in dataclasses.fields(ServingParams)],
+                                 meta_fields=[])
+
+INFEASIBLE_REASONS = {
+    1: "mapping needs more chips than the scale-up domain",
+    2: "weights do not fit in HBM under this mapping",
+    3: "KV cache for this concurrency does not fit in HBM",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mapping:
+    """A parallel mapping as floats (so a list of mappings is one pytree of arrays)."""
+    tp: float = 1.0
+    dp: float = 1.0
+    ep: float = 1.0
+    pp: float = 1.0
+
+    @property
+    def chips(self):
+        return self.tp * self.dp * self.pp
+
+
+jax.tree_util.register_dataclass(Mapping, data_fields=["tp", "dp", "ep", "pp"], meta_fields=[])
+
+
+# ---------------------------------------------------------------------------------------------- collectives
+def allreduce_time(msg_bytes, n, bw, latency):
+    """min(ring, double binary tree): ring 2 (n-1)/n S / bw + 2 (n-1) a (Patarasuk & Yuan 2009); tree
+    2 S / bw + 2 log2(n) a (NCCL's double binary tree, Sanders et al. 2009). 0 for n = 1."""
+    ring = 2.0 * (n - 1.0) / n * msg_bytes / bw + 2.0 * (n - 1.0) * latency
+    tree = 2.0 * msg_bytes / bw + 2.0 * jnp.log2(jnp.maximum(n, 1.0)) * latency
+    return jnp.where(n > 1.0, jnp.minimum(ring, tree), 0.0)
+
+
+def allgather_time(total_bytes, n, bw, latency):
+    """Ring all-gather (or reduce-scatter) of a ``total_bytes`` buffer: (n-1)/n S / bw + (n-1) a."""
+    return jnp.where(n > 1.0, (n - 1.0) / n * total_bytes / bw + (n - 1.0) * latency, 0.0)
+
+
+def alltoall_time(send_bytes, n, bw, latency):
+    """One-shot all-to-all over a switched scale-up fabric: the bytes leaving a rank at link bandwidth plus one hop
+    of latency per round of log2(n) (pairwise exchange pipelined by the switch; assumption, cf. DeepEP)."""
+    return jnp.where(n > 1.0, send_bytes / bw + jnp.log2(jnp.maximum(n, 1.0)) * latency, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def expected_experts(num_experts, k, tokens):
+    """E (1 - (1 - k/E)^T): distinct experts hit by T uniformly routed tokens."""
+    return num_experts * (1.0 - (1.0 - k / num_experts) ** tokens)
+
+
+def ep_imbalance(tokens, k, ep):
+    """Busiest / mean EP-rank load for uniform routing: Gaussian max bound mu + sigma sqrt(2 ln ep) over the mean
+    (as serving/graph_parallel.load_imbalance with skew 0)."""
+    n = jnp.maximum(tokens * k, 1e-9)
+    q = 1.0 / ep
+    mu = n * q
+    sigma = jnp.sqrt(n * q * (1.0 - q))
+    return jnp.where(ep > 1.0, 1.0 + sigma * jnp.sqrt(2.0 * jnp.log(jnp.maximum(ep, 1.0))) / mu, 1.0)
+
+
+def causal_pairs(t, cap):
+    """(query, key) pairs of a causal prefill of t tokens with a key window ``cap``: sum_i min(i, cap)."""
+    return jnp.where(cap >= t, 0.5 * t * t, t * cap - 0.5 * cap * cap)
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What one step asks of the kernels (floats, traced): decode tokens at a context, prefill tokens of requests
+    of a given length, and the tokens that pass through the routed experts and the collectives."""
+    decode_tokens: object  # B sequences decoding (x (1 + draft) query tokens each under speculation)
+    decode_queries: object  # query tokens per decoding sequence (1, or 1 + draft length)
+    context: object  # mean context of the decoding sequences
+    prefill_requests: object  # requests whose prefill runs in this step (may be fractional: chunked prefill)
+    prefill_len: object  # tokens per prefilled request
+
+
+def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: Work, clock=1.0):
+    """Per-kernel time on one chip [K], plus the per-step totals the power model and reports need. ``clock`` < 1
+    scales the math rates down (power-capped clock)."""
+    n_stage = m.tp * m.dp
+    q_tokens = w.decode_tokens * w.decode_queries
+    pre_tokens = w.prefill_requests * w.prefill_len
+    tokens = q_tokens + pre_tokens
+    ctx = jnp.minimum(w.context, kt.ctx_cap)  # [K]
+    pairs = causal_pairs(w.prefill_len, kt.ctx_cap)  # [K]
+    # matmul FLOPs by dtype [K, D] for the whole step, then per chip
+    flops = (kt.d_flops_b * q_tokens + kt.d_flops_bc * (q_tokens * ctx)[:, None]
+             + kt.p_flops_t * pre_tokens + kt.p_flops_tt * (w.prefill_requests * pairs)[:, None])
+    touched = expected_experts(kt.num_experts, kt.experts_per_token, tokens)
+    is_exp = kt.group == GROUP_EXPERTS
+    imbalance = jnp.where(is_exp, ep_imbalance(tokens, kt.experts_per_token, m.ep), 1.0)
+    flops_chip = flops * (imbalance / n_stage)[:, None]
+    rates = jnp.stack([chip.math_rate(dt) for dt in MATH_DTYPES]) * clock  # [D]
+    rows = jnp.where(is_exp, tokens * kt.experts_per_token / jnp.maximum(touched, 1e-9), tokens / m.dp)
+    e_max = jnp.where(kt.kind == KIND_MOE, p.moe_efficiency_max,
+                      jnp.where(kt.kind == KIND_ATTENTION, p.attention_efficiency_max, p.gemm_efficiency_max))
+    half = jnp.where(kt.kind == KIND_MOE, p.moe_rows_half,
+                     jnp.where(kt.kind == KIND_ATTENTION, p.attention_rows_half, p.gemm_rows_half))
+    # t / eff with eff = e_max rows / (rows + half), written so that a kernel without work costs exactly 0
+    t_compute = jnp.sum(flops_chip / rates, axis=1) / e_max * (1.0 + half / jnp.maximum(rows, 1e-6))
+    # bytes per chip
+    kv_split = m.dp * jnp.minimum(m.tp, kt.kv_split_limit)
+    weights = jnp.where(is_exp, touched / kt.num_experts * kt.expert_weight_bytes / n_stage, kt.weight_bytes / m.tp)
+    kv = (kt.d_kv_read_bc * w.decode_tokens * ctx + kt.kv_write_b * tokens) / kv_split
+    act = (kt.d_act_b * q_tokens + kt.p_act_t * pre_tokens) / n_stage
+    resident = weights + kv
+    total_resident = jnp.sum(resident * kt.count)
+    share = jnp.minimum(1.0, chip.sram_capacity_bytes / jnp.maximum(total_resident, 1.0))
+    s_bw, h_bw = chip.sram_bandwidth_bytes_per_s, chip.hbm_bandwidth_bytes_per_s
+    moved = resident + act
+    on_chip = jnp.minimum(share * resident, moved * s_bw / (s_bw + h_bw))
+    t_stream = jnp.maximum(on_chip / s_bw, (moved - on_chip) / h_bw)
+    t_memory = t_stream / p.memory_efficiency_max * (1.0 + p.memory_bytes_half / jnp.maximum(moved, 1e-6))
+    t = jnp.maximum(t_compute, t_memory) + p.kernel_overhead_s
+    # collectives of the step
+    link, lat = chip.scaleup_bandwidth_bytes_per_s * p.link_efficiency, chip.scaleup_latency_s
+    msg = tokens / m.dp * kt.hidden_size * kt.activation_bytes
+    t_ar = kt.tp_allreduce * allreduce_time(msg, m.tp, link, lat)
+    a2a_bytes = tokens / n_stage * kt.experts_per_token * kt.hidden_size * kt.activation_bytes * (m.ep - 1) / m.ep
+    t_a2a = kt.ep_alltoall * 2.0 * alltoall_time(a2a_bytes, m.ep, link, lat)
+    dep = jnp.where((m.dp > 1) & (m.ep > 1) & (kt.group == GROUP_FFN), 1.0, 0.0)
+    t_dep = dep * 2.0 * allgather_time(tokens * kt.hidden_size * kt.activation_bytes, m.dp, link, lat)
+    t_comm = t_ar + t_a2a + t_dep
+    n = kt.count
+    flops_by_dtype = jnp.sum(flops_chip * n[:, None], axis=0)
+    link = kt.tp_allreduce * msg * 2.0 * (m.tp - 1) / m.tp + kt.ep_alltoall * 2 * a2a_bytes
+    return {"t": t, "t_compute": t_compute, "t_memory": t_memory, "t_comm": t_comm,
+            "flops_by_dtype": flops_by_dtype, "hbm_bytes": jnp.sum((moved - on_chip) * n),
+            "sram_bytes": jnp.sum(on_chip * n), "link_bytes": jnp.sum(link * n)}
+
+
+def step_time(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: Work, clock=1.0):
+    """One step on the mapping: kernels (layers split over pp stages, pp micro-batches in flight), collectives
+    overlapped by ``comm_overlap``, PP send/recv, step overhead. Returns (seconds, details)."""
+    kt_out = kernel_times(chip, kt, p, m, w, clock)
+    t_cm = jnp.sum(kt_out["t"] * kt.count)
+    t_comm = jnp.sum(kt_out["t_comm"] * kt.count)
+    overlapped = t_cm + t_comm - p.comm_overlap * jnp.minimum(t_cm, t_comm)
+    tokens = w.decode_tokens * w.decode_queries + w.prefill_requests * w.prefill_len
+    p2p = (m.pp - 1.0) * (tokens * kt.hidden_size * kt.activation_bytes
+                          / (chip.scaleup_bandwidth_bytes_per_s * p.link_efficiency) + chip.scaleup_latency_s)
+    kt_out["t_draft_layer"] = jnp.sum(kt_out["t"] * kt.draft_count)
+    return overlapped + p2p + p.step_overhead_s, kt_out
+
+
+def step_energy(chip: Chip, kt_out: dict):
+    """Dynamic energy of a step: FLOPs x energy per FLOP of their dtype + HBM and SRAM bytes x energy per byte +
+    link bytes x energy per byte (per chip)."""
+    e_flop = jnp.stack([chip.energy_per_flop(dt) for dt in MATH_DTYPES])
+    return (jnp.sum(kt_out["flops_by_dtype"] * e_flop) + kt_out["hbm_bytes"] * chip.hbm_energy_j_per_byte
+            + kt_out["sram_bytes"] * chip.sram_energy_j_per_byte + kt_out["link_bytes"] * chip.link_energy_j_per_byte)
+
+
+def power_capped(chip: Chip, kt_out: dict, seconds):
+    """Sustained power = static + dynamic energy / time, capped at the rating by slowing the clock: a step can
+    take no less than dynamic energy / (rating - static) (DVFS trades frequency for power at fixed energy per
+    operation, a first-order model). Returns (seconds, watts, clock factor = unconstrained / capped time)."""
+    energy = step_energy(chip, kt_out)
+    t_power = energy / (chip.power_rating_w - chip.idle_power_w)
+    t = jnp.maximum(seconds, t_power)
+    return t, chip.idle_power_w + energy / t, seconds / t
+
+
+def memory_code(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, sequences, max_context):
+    """0 if weights + KV of ``sequences`` at ``max_context`` fit in (1 - reserve) x HBM under the mapping."""
+    n_stage = m.tp * m.dp
+    experts = jnp.sum(kt.expert_weight_bytes * kt.count)
+    weights = ((kt.weight_bytes_total - experts) / m.tp + experts / n_stage) / m.pp
+    per_seq = jnp.sum(kt.kv_write_b * jnp.minimum(max_context, kt.ctx_cap) * kt.count)
+    kv = sequences * per_seq / (m.dp * jnp.minimum(m.tp, kt.kv_split_limit) * m.pp)
+    usable = (1.0 - p.hbm_reserve_fraction) * chip.hbm_capacity_bytes
+    code = jnp.where(m.chips > chip.scaleup_domain_chips, 1,
+                     jnp.where(weights > usable, 2, jnp.where(weights + kv > usable, 3, 0)))
+    return code.astype(jnp.int32), weights + kv
+
+
+__all__ = ["ServingParams", "Mapping", "Work", "kernel_times", "step_time", "power", "memory_code",
+           "allreduce_time", "alltoall_time", "allgather_time", "expected_experts", "ep_imbalance",
+           "INFEASIBLE_REASONS", "ENERGY_PER_FLOP_RELATIVE", "GROUP_ATTENTION", "KIND_GEMM"]

@@ -1,0 +1,128 @@
+"""The serving model: (chip, workload kernel table, scenario, mapping, concurrency) -> InferenceX metrics.
+
+Pure ``jax.numpy``; :func:`evaluate_grid` is jit-compiled and vmapped over a batch of chip designs, mappings and
+concurrencies, and differentiable in every continuous chip and model parameter. Metric definitions follow the
+reference README (InferenceX): TTFT, TPOT, E2E = TTFT + (OSL - 1) x TPOT, interactivity = 1 / TPOT (tok/s/user),
+throughput per chip = (input + output) tokens/s / chips, per kW of the chip rating (the custom-chip disclosure's
+basis), per kW of modelled sustained power, per all-in provisioned kW (InferenceX's basis, where the preset has
+it), joules per token = sustained watts / tokens/s, and $ per million tokens = $/chip-s x 1e6 / tokens/s per chip
+(InferenceX TCO calculator).
+
+Closed loop at concurrency B (continuous batching, chunked prefill): each step decodes the B sequences and runs
+the prefill of the B x tokens_per_step / OSL requests that replace finished ones, so the step mixes decode and
+prefill tokens and streams the weights once for both. TTFT = the request's own prefill + one step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from arch_space.chip import Chip
+from serving.kernel_table import KernelTable
+from serving.perf import Mapping, ServingParams, Work, memory_code, power_capped, step_time
+from serving.scenario import Scenario
+
+METRICS = ("ttft_s", "tpot_s", "e2e_s", "interactivity_tok_s_user", "output_tok_s_per_chip", "total_tok_s_per_chip",
+           "total_tok_s_per_kw", "total_tok_s_per_sustained_kw", "total_tok_s_per_allin_kw", "joules_per_token",
+           "usd_per_mtok", "sustained_power_w", "clock_factor", "prefill_input_tok_s_per_chip",
+           "decode_output_tok_s_per_chip", "prefill_pool_fraction", "decode_compute_s", "decode_memory_s",
+           "decode_comm_s", "hbm_used_bytes", "chips")
+
+
+def _throttled_step(chip, kt, p, m, work):
+    """A step at the clock the power rating allows (serving.perf.power_capped)."""
+    t0, out = step_time(chip, kt, p, m, work)
+    t, watts, clock = power_capped(chip, out, t0)
+    return t, out, watts, clock
+
+
+def _prefill_only(chip, kt, p, m, requests, length):
+    work = Work(decode_tokens=0.0, decode_queries=1.0, context=0.0, prefill_requests=requests, prefill_len=length)
+    return _throttled_step(chip, kt, p, m, work)[0]
+
+
+def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, m: Mapping, concurrency):
+    b = jnp.asarray(concurrency, dtype=jnp.float32)
+    isl, osl = sc.mean_isl_tokens, sc.mean_osl_tokens
+    tau = sc.tokens_per_step
+    queries = 1.0 + sc.draft_tokens
+    chips = m.chips
+    if sc.kind == "agentic":
+        # one turn on average: new input plus the uncached part of the earlier context; decode at the mean context
+        ctx_mean = isl + (sc.turns - 1) / 2.0 * (sc.turn_input_tokens + osl)
+        new_in = (isl + (sc.turns - 1) * (sc.turn_input_tokens + (1 - sc.prefix_cache_hit_rate)
+                                          * (isl + sc.turns / 2.0 * (sc.turn_input_tokens + osl)))) / sc.turns
+        pre_len, dec_ctx = new_in, ctx_mean + osl / 2.0
+    else:
+        pre_len, dec_ctx = isl, isl + osl / 2.0
+    if sc.kind == "disaggregated":
+        step_work = Work(decode_tokens=b, decode_queries=queries, context=dec_ctx, prefill_requests=0.0,
+                         prefill_len=pre_len)
+    else:
+        step_work = Work(decode_tokens=b, decode_queries=queries, context=dec_ctx,
+                         prefill_requests=b * tau / osl, prefill_len=pre_len)
+    t_step, out, watts, clock = _throttled_step(chip, kt, p, m, step_work)
+    t_iter = t_step + sc.draft_tokens * out["t_draft_layer"] / clock  # MTP drafts run before each verify step
+    tpot = t_iter / tau
+    t_pre = _prefill_only(chip, kt, p, m, 1.0, pre_len)
+    decode_out_per_chip = b * tau / t_iter / chips
+    if sc.kind == "disaggregated":
+        # the prefill pool batches requests up to prefill_batch_tokens; the decode pool only decodes
+        r = jnp.maximum(1.0, sc.prefill_batch_tokens / pre_len)
+        prefill_in_per_chip = r * pre_len / _prefill_only(chip, kt, p, m, r, pre_len) / chips
+        kv_bytes = jnp.sum(kt.kv_write_b * jnp.minimum(pre_len, kt.ctx_cap) * kt.count)
+        ttft = t_pre + kv_bytes / chip.scaleout_bandwidth_bytes_per_s + t_iter
+        rate_p = prefill_in_per_chip / pre_len  # requests / s per prefill chip
+        rate_d = decode_out_per_chip / osl  # requests / s per decode chip
+        frac = (rate_d / (rate_p + rate_d) if sc.prefill_pool_fraction is None
+                else jnp.asarray(sc.prefill_pool_fraction, jnp.float32))
+        req_per_chip = jnp.minimum(frac * rate_p, (1.0 - frac) * rate_d)
+        out_per_chip = req_per_chip * osl
+        total_per_chip = req_per_chip * (pre_len + osl)
+    else:
+        prefill_in_per_chip = pre_len / t_pre / chips  # one request's prefill on its own
+        ttft = t_pre + t_iter
+        frac = jnp.asarray(0.0, jnp.float32)
+        out_per_chip = decode_out_per_chip
+        total_per_chip = out_per_chip * (pre_len + osl) / osl
+    e2e = ttft + (osl - 1.0) * tpot
+    if sc.kind == "agentic":
+        e2e = sc.chain_steps * (e2e + sc.tool_gap_s)  # a chain of dependent turns, tool calls in between
+    code, used = memory_code(chip, kt, p, m, b, float(sc.max_context_tokens))
+    kw = chip.power_rating_w / 1000.0
+    allin = jnp.where(chip.allin_power_w > 0, total_per_chip / (chip.allin_power_w / 1000.0), jnp.nan)
+    return {
+        "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "interactivity_tok_s_user": 1.0 / tpot,
+        "output_tok_s_per_chip": out_per_chip, "total_tok_s_per_chip": total_per_chip,
+        "total_tok_s_per_kw": total_per_chip / kw,
+        "total_tok_s_per_sustained_kw": total_per_chip / (watts / 1000.0),
+        "total_tok_s_per_allin_kw": allin,
+        "joules_per_token": watts / total_per_chip,
+        "usd_per_mtok": chip.rental_usd_per_s * 1e6 / total_per_chip,
+        "sustained_power_w": watts, "clock_factor": clock,
+        "prefill_input_tok_s_per_chip": prefill_in_per_chip, "decode_output_tok_s_per_chip": decode_out_per_chip,
+        "prefill_pool_fraction": frac,
+        "decode_compute_s": jnp.sum(out["t_compute"] * kt.count), "decode_memory_s": jnp.sum(out["t_memory"] * kt.count),
+        "decode_comm_s": jnp.sum(out["t_comm"] * kt.count), "hbm_used_bytes": used, "chips": chips,
+        "infeasible_code": code,
+    }
+
+
+@partial(jax.jit, static_argnums=(3,))
+def evaluate_grid(chips: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, mappings: Mapping, concurrency):
+    """Every design x mapping x concurrency: chip leaves [N], mapping leaves [M], concurrency [C] -> [N, M, C]."""
+    f = jax.vmap(evaluate_point, in_axes=(None, None, None, None, None, 0))
+    f = jax.vmap(f, in_axes=(None, None, None, None, 0, None))
+    f = jax.vmap(f, in_axes=(0, None, None, None, None, None))
+    return f(chips, kt, p, sc, mappings, concurrency)
+
+
+def stack_mappings(mappings: list[Mapping]) -> Mapping:
+    return Mapping(*(jnp.asarray([getattr(m, f) for m in mappings], jnp.float32) for f in ("tp", "dp", "ep", "pp")))
+
+
+__all__ = ["evaluate_point", "evaluate_grid", "stack_mappings", "METRICS", "dataclasses"]
