@@ -25,7 +25,17 @@ from serving.scenario import Scenario
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 TOP_LEVEL = ("hardware", "generation", "workload", "precision", "scenario", "space", "sweep", "report", "serving",
-             "competitors", "study_name")
+             "competitors", "study_name", "hf_config")
+
+
+def load_workload(cfg: dict) -> ModelArchitecture:
+    """The workload group's architecture, or the Hugging Face ``config.json`` named by ``hf_config`` (a path)."""
+    path = cfg.get("hf_config")
+    if path is not None:
+        if not isinstance(path, str):
+            raise ConfigError("hf_config", f"expected a path to a config.json, got {path!r}")
+        return ModelArchitecture.from_hf_config(Path(path).expanduser())
+    return ModelArchitecture.from_dict(cfg["workload"], "workload")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +128,7 @@ def load_study(cfg: dict, *, overridden: tuple[str, ...] = (), conf_dir: Path = 
     competitors = tuple(load_hardware_preset(n, f"competitors[{i}]", conf_dir) for i, n in enumerate(comps))
     if not isinstance(cfg["study_name"], str) or not cfg["study_name"]:
         raise ConfigError("study_name", f"expected a non-empty string, got {cfg['study_name']!r}")
-    workload = ModelArchitecture.from_dict(cfg["workload"], "workload")
+    workload = load_workload(cfg)
     scenario = Scenario.from_dict(cfg["scenario"], "scenario")
     if scenario.draft_tokens and not workload.num_mtp_layers:
         raise ConfigError("scenario.draft_tokens", f"{scenario.draft_tokens} MTP draft tokens, but "
