@@ -91,10 +91,21 @@ def _kv_cap(arch, layer: int | None) -> float:
 
 
 def _aligned(*graphs):
-    names = [tuple(k.name for k in g.kernels) for g in graphs]
-    if any(n != names[0] for n in names[1:]):
-        raise ValueError("traced graphs at different sizes have different kernels; cannot fit coefficients")
-    return names[0]
+    """Kernel names over all graphs, in first-seen order (prefill and decode may differ: MLA's un-absorbed prefill
+    and absorbed decode run different kernels); a graph without a kernel contributes zeros for it."""
+    names: list = []
+    for g in graphs:
+        for k in g.kernels:
+            if k.name not in names:
+                names.append(k.name)
+    return tuple(names)
+
+
+def _by_name(graph, names):
+    from serving.graph import Kernel
+
+    have = {k.name: k for k in graph.kernels}
+    return [have.get(n) or Kernel(name=n, layer=None, kind="other") for n in names]
 
 
 _TABLES: dict = {}
@@ -120,9 +131,11 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
     p1, p2 = pre[PREFILL_T0], pre[2 * PREFILL_T0]
     t1, t2 = float(PREFILL_T0), float(2 * PREFILL_T0)
     rows = []
+    cols_k = [_by_name(g, names) for g in (g11, g21, g12, p1, p2)]
     for i, name in enumerate(names):
-        a, b, c = g11.kernels[i], g21.kernels[i], g12.kernels[i]
-        q1, q2 = p1.kernels[i], p2.kernels[i]
+        a, b, c, q1, q2 = (col[i] for col in cols_k)
+        if a.kind == "other" and a.layer is None:  # a prefill-only kernel: take its identity from the prefill
+            a = dataclasses.replace(q1, weight_bytes=q1.weight_bytes, comm=[])
 
         def decode_fit(get):
             # q(B, C) = qb B + qbc B C: the B slope at C0 and the C slope at B = 1

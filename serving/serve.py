@@ -45,20 +45,39 @@ def _prefill_only(chip, kt, p, m, requests, length):
     return _throttled_step(chip, kt, p, m, work)[0]
 
 
-def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, m: Mapping, concurrency):
-    b = jnp.asarray(concurrency, dtype=jnp.float32)
+def _lengths(sc: Scenario):
     isl, osl = sc.mean_isl_tokens, sc.mean_osl_tokens
-    tau = sc.tokens_per_step
-    queries = 1.0 + sc.draft_tokens
-    chips = m.chips
     if sc.kind == "agentic":
         # one turn on average: new input plus the uncached part of the earlier context; decode at the mean context
         ctx_mean = isl + (sc.turns - 1) / 2.0 * (sc.turn_input_tokens + osl)
         new_in = (isl + (sc.turns - 1) * (sc.turn_input_tokens + (1 - sc.prefix_cache_hit_rate)
                                           * (isl + sc.turns / 2.0 * (sc.turn_input_tokens + osl)))) / sc.turns
-        pre_len, dec_ctx = new_in, ctx_mean + osl / 2.0
+        return new_in, ctx_mean + osl / 2.0, osl
+    return isl, isl + osl / 2.0, osl
+
+
+def prefill_terms(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, m: Mapping):
+    """What does not depend on the concurrency: one request's prefill time and, disaggregated, the prefill pool's
+    input tokens/s per chip (requests batched up to prefill_batch_tokens)."""
+    pre_len, _, _ = _lengths(sc)
+    t_pre = _prefill_only(chip, kt, p, m, 1.0, pre_len)
+    if sc.kind == "disaggregated":
+        r = jnp.maximum(1.0, sc.prefill_batch_tokens / pre_len)
+        pool = r * pre_len / _prefill_only(chip, kt, p, m, r, pre_len) / m.chips
     else:
-        pre_len, dec_ctx = isl, isl + osl / 2.0
+        pool = pre_len / t_pre / m.chips  # one request's prefill on its own
+    return t_pre, pool
+
+
+def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, m: Mapping, concurrency,
+                   prefill=None):
+    """Every metric of one operating point. ``prefill`` = prefill_terms(...) when already computed."""
+    b = jnp.asarray(concurrency, dtype=jnp.float32)
+    pre_len, dec_ctx, osl = _lengths(sc)
+    tau = sc.tokens_per_step
+    queries = 1.0 + sc.draft_tokens
+    chips = m.chips
+    t_pre, prefill_in_per_chip = prefill_terms(chip, kt, p, sc, m) if prefill is None else prefill
     if sc.kind == "disaggregated":
         step_work = Work(decode_tokens=b, decode_queries=queries, context=dec_ctx, prefill_requests=0.0,
                          prefill_len=pre_len)
@@ -68,12 +87,8 @@ def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, 
     t_step, out, watts, clock = _throttled_step(chip, kt, p, m, step_work)
     t_iter = t_step + sc.draft_tokens * out["t_draft_layer"] / clock  # MTP drafts run before each verify step
     tpot = t_iter / tau
-    t_pre = _prefill_only(chip, kt, p, m, 1.0, pre_len)
     decode_out_per_chip = b * tau / t_iter / chips
     if sc.kind == "disaggregated":
-        # the prefill pool batches requests up to prefill_batch_tokens; the decode pool only decodes
-        r = jnp.maximum(1.0, sc.prefill_batch_tokens / pre_len)
-        prefill_in_per_chip = r * pre_len / _prefill_only(chip, kt, p, m, r, pre_len) / chips
         kv_bytes = jnp.sum(kt.kv_write_b * jnp.minimum(pre_len, kt.ctx_cap) * kt.count)
         ttft = t_pre + kv_bytes / chip.scaleout_bandwidth_bytes_per_s + t_iter
         rate_p = prefill_in_per_chip / pre_len  # requests / s per prefill chip
@@ -84,7 +99,6 @@ def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, 
         out_per_chip = req_per_chip * osl
         total_per_chip = req_per_chip * (pre_len + osl)
     else:
-        prefill_in_per_chip = pre_len / t_pre / chips  # one request's prefill on its own
         ttft = t_pre + t_iter
         frac = jnp.asarray(0.0, jnp.float32)
         out_per_chip = decode_out_per_chip
@@ -115,10 +129,13 @@ def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, 
 @partial(jax.jit, static_argnums=(3,))
 def evaluate_grid(chips: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, mappings: Mapping, concurrency):
     """Every design x mapping x concurrency: chip leaves [N], mapping leaves [M], concurrency [C] -> [N, M, C]."""
-    f = jax.vmap(evaluate_point, in_axes=(None, None, None, None, None, 0))
-    f = jax.vmap(f, in_axes=(None, None, None, None, 0, None))
-    f = jax.vmap(f, in_axes=(0, None, None, None, None, None))
-    return f(chips, kt, p, sc, mappings, concurrency)
+    def per_mapping(chip, m):
+        pre = prefill_terms(chip, kt, p, sc, m)  # once per (design, mapping), not per concurrency
+        return jax.vmap(lambda c: evaluate_point(chip, kt, p, sc, m, c, pre))(concurrency)
+
+    f = jax.vmap(per_mapping, in_axes=(None, 0))
+    f = jax.vmap(f, in_axes=(0, None))
+    return f(chips, mappings)
 
 
 def stack_mappings(mappings: list[Mapping]) -> Mapping:

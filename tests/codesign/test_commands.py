@@ -1,0 +1,73 @@
+"""The describe, predict and bench commands as a user runs them: output, and one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(module, *args, timeout=300):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_describe_prints_one_json_object_with_the_required_fields():
+    proc = run("codesign.describe", "workload=llama3_8b", "precision=fp8")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    for key in ("total_params", "active_params_per_token", "weight_bytes", "kv_cache_bytes_per_token",
+                "decode_flops_per_token", "kernels"):
+        assert key in out
+    assert out["kv_cache_bytes_per_token"] == 32 * 2 * 8 * 128 * 1  # FP8 KV: 64 KiB / 2
+    # traced decode FLOPs agree with 2 x active + attention (the traced graph and the closed form are independent)
+    assert out["decode_flops_per_token"] == pytest.approx(out["decode_flops_per_token_closed_form"], rel=0.05)
+    assert any(k["name"] == "layer_0/attention" for k in out["kernels"])
+
+
+def test_describe_from_a_hugging_face_config(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_layer": 12}))
+    proc = run("codesign.describe", f"hf_config={cfg}")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "architectures" in proc.stderr and "GPT2LMHeadModel" in proc.stderr
+
+
+@pytest.mark.parametrize("module,argv,expect", [
+    ("codesign.describe", ["workload=nope"], "workload: unknown preset 'nope'"),
+    ("codesign.predict", ["hardware=nope"], "hardware: unknown preset 'nope'"),
+    ("codesign.predict", ["format=xml"], "format: must be table or json, got 'xml'"),
+    ("codesign.bench", ["suite=gpus"], "suite: must be one of serving, got 'gpus'"),
+])
+def test_commands_reject_bad_input_in_one_line(module, argv, expect):
+    proc = run(module, *argv)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"{module}: error: " + proc.stderr.split("error: ", 1)[1].strip()]
+    assert expect in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_predict_prints_the_frontier_table_and_json():
+    proc = run("codesign.predict", "hardware=h200_sxm", "workload=llama3_8b", "precision=fp8",
+               "scenario=inferencex_1k1k", "format=json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    front = out["frontier"]
+    assert front, "a frontier"
+    xs = [p["interactivity_tok_s_user"] for p in front]
+    ys = [p["total_tok_s_per_chip"] for p in front]
+    assert xs == sorted(xs) and ys == sorted(ys, reverse=True)  # a Pareto frontier: faster users, fewer tokens
+    for p in front:
+        assert p["e2e_s"] == pytest.approx(p["ttft_s"] + (1024 * 0.9 - 1) * p["tpot_s"], rel=1e-4)
+        assert p["interactivity_tok_s_user"] == pytest.approx(1 / p["tpot_s"], rel=1e-5)
+    table = run("codesign.predict", "hardware=h200_sxm", "workload=llama3_8b", "precision=fp8")
+    assert table.returncode == 0 and "tok/s/user" in table.stdout and "Pareto frontier" in table.stdout
+
+
+@pytest.mark.slow
+def test_bench_prints_name_value_lines():
+    proc = run("codesign.bench", "suite=serving", "designs=200", "loop_designs=3", "repeats=1",
+               "workload=llama3_8b", "precision=fp8")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(ln.split(": ", 1) for ln in proc.stdout.strip().splitlines())
+    for key in ("vectorized_evals_per_s_per_core", "loop_evals_per_s_per_core", "speedup"):
+        assert float(lines[key]) > 0
