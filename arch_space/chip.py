@@ -57,6 +57,10 @@ NUMERIC_FIELDS: dict[str, tuple[bool, bool, bool, str]] = {
     "hbm_energy_j_per_byte": (True, False, False, "HBM access energy per byte moved"),
     "sram_energy_j_per_byte": (True, False, False, "on-chip SRAM access energy per byte"),
     "link_energy_j_per_byte": (True, False, False, "scale-up link energy per byte sent"),
+    # The placement knob of the custom-chip disclosure: the share of SRAM under explicit software placement
+    # (weights / KV pinned there and so not needing HBM capacity). 1 for scratchpad designs, 0 for a hardware-managed
+    # cache (a GPU L2 only serves a step's resident bytes when they all fit, and adds no capacity).
+    "sram_explicit_fraction": (True, True, False, "share of SRAM under explicit placement (0 = cache, 1 = scratchpad)"),
 }
 # Relative energy per FLOP of each math dtype, FP8 = 1 (technology.md §2.4: BF16 : FP8 : FP4 = 4 : 2 : 1).
 ENERGY_PER_FLOP_RELATIVE = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "fp4": 0.5}
@@ -86,6 +90,7 @@ class Chip:
     hbm_energy_j_per_byte: Any = None
     sram_energy_j_per_byte: Any = None
     link_energy_j_per_byte: Any = None
+    sram_explicit_fraction: Any = 0.0
     name: str = "unnamed"
     vendor: str = ""
     provenance: tuple = ()  # ((field, Provenance), ...), static
@@ -151,6 +156,8 @@ class Chip:
             values[fname] = 0.0 if v is None else float(v)
         if not any(values[f"{dt}_flops_per_s"] > 0 for dt in MATH_DTYPES):
             raise ConfigError(f"{path}.bf16_flops_per_s", "a chip needs at least one math rate, all are null")
+        if values["sram_explicit_fraction"] > 1:
+            raise ConfigError(f"{path}.sram_explicit_fraction", f"must be <= 1, got {values['sram_explicit_fraction']}")
         if values["idle_power_w"] >= values["power_rating_w"]:
             raise ConfigError(f"{path}.idle_power_w",
                               f"must be below power_rating_w ({values['power_rating_w']}), got {values['idle_power_w']}")
@@ -165,7 +172,8 @@ class Chip:
         for fname in overridden:
             prov[fname] = COMMAND_LINE
         for fname in NUMERIC_FIELDS:
-            if values[fname] > 0 and fname not in prov:
+            if (values[fname] > 0 or (fname == "sram_explicit_fraction" and data.get(fname) is not None)) \
+                    and fname not in prov:
                 raise ConfigError(f"{path}.provenance.{fname}", "every figure needs a provenance (kind and source)")
         return cls(**values, name=data["name"], vendor=data["vendor"], provenance=tuple(sorted(prov.items())))
 

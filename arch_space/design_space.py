@@ -131,6 +131,7 @@ def derive_chips(gen: Generation, params: dict[str, np.ndarray], *, max_chip_cos
         "hbm_energy_j_per_byte": np.full_like(rating, 8.0 * gen.hbm_energy_j_per_bit),
         "sram_energy_j_per_byte": np.full_like(rating, gen.sram_energy_j_per_byte),
         "link_energy_j_per_byte": np.full_like(rating, gen.link_energy_j_per_byte),
+        "sram_explicit_fraction": np.ones_like(rating),  # custom designs place weights / KV explicitly (Gen 1 does)
     }
     assert set(cols) == set(NUMERIC_FIELDS)
     chips = Chip(**cols, name=name, vendor="candidate", provenance=())

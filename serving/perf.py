@@ -174,7 +174,10 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     act = (kt.d_act_b * q_tokens + kt.p_act_t * pre_tokens) / n_stage
     resident = weights + kv
     total_resident = jnp.sum(resident * kt.count)
-    share = jnp.minimum(1.0, chip.sram_capacity_bytes / jnp.maximum(total_resident, 1.0))
+    # explicit placement pins a pro-rata share of the resident bytes; a cache serves them only when they all fit
+    fits = jnp.where(total_resident <= chip.sram_capacity_bytes, 1.0, 0.0)
+    x = chip.sram_explicit_fraction
+    share = x * jnp.minimum(1.0, chip.sram_capacity_bytes / jnp.maximum(total_resident, 1.0)) + (1.0 - x) * fits
     s_bw, h_bw = chip.sram_bandwidth_bytes_per_s, chip.hbm_bandwidth_bytes_per_s
     moved = resident + act
     on_chip = jnp.minimum(share * resident, moved * s_bw / (s_bw + h_bw))
@@ -237,7 +240,9 @@ def memory_code(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, seque
     weights = ((kt.weight_bytes_total - experts) / m.tp + experts / n_stage) / m.pp
     per_seq = jnp.sum(kt.kv_write_b * jnp.minimum(max_context, kt.ctx_cap) * kt.count)
     kv = sequences * per_seq / (m.dp * jnp.minimum(m.tp, kt.kv_split_limit) * m.pp)
-    usable = (1.0 - p.hbm_reserve_fraction) * chip.hbm_capacity_bytes
+    # bytes pinned in explicitly placed SRAM need no HBM copy
+    usable = (1.0 - p.hbm_reserve_fraction) * chip.hbm_capacity_bytes \
+        + chip.sram_explicit_fraction * chip.sram_capacity_bytes
     code = jnp.where(m.chips > chip.scaleup_domain_chips, 1,
                      jnp.where(weights > usable, 2, jnp.where(weights + kv > usable, 3, 0)))
     return code.astype(jnp.int32), weights + kv

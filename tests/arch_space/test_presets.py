@@ -198,7 +198,7 @@ def _good() -> dict:
         "scaleup_domain_chips": 8, "scaleout_bandwidth_bytes_per_s": 5.0e10, "power_rating_w": 700.0,
         "idle_power_w": 140.0, "allin_power_w": None, "die_area_m2": None, "rental_usd_per_s": None,
         "fp8_energy_j_per_flop": 1.28e-13, "hbm_energy_j_per_byte": 3.12e-11, "sram_energy_j_per_byte": 5.0e-12,
-        "link_energy_j_per_byte": 4.4e-11,
+        "link_energy_j_per_byte": 4.4e-11, "sram_explicit_fraction": 0.0,
     }
     return {"name": "test_chip", "vendor": "Test", **values,
             "provenance": {k: dict(src) for k, v in values.items() if v is not None}}

@@ -42,7 +42,7 @@ def chip(**kw) -> Chip:
                 scaleup_domain_chips=8.0, scaleout_bandwidth_bytes_per_s=50e9, power_rating_w=700.0,
                 idle_power_w=140.0, allin_power_w=1730.0, die_area_m2=814e-6, rental_usd_per_s=1.3 / 3600,
                 fp8_energy_j_per_flop=1.28e-13, hbm_energy_j_per_byte=3.12e-11, sram_energy_j_per_byte=5e-12,
-                link_energy_j_per_byte=4.4e-11)
+                link_energy_j_per_byte=4.4e-11, sram_explicit_fraction=0.0)
     base.update(kw)
     return Chip(**base, name="test")
 
@@ -260,3 +260,20 @@ def test_fp4_weights_without_fp4_math_run_at_the_fp8_rate():
     t_8 = float(np.sum(kernel_times(hopper, kt8, IDEAL, Mapping(), w)["t_compute"] * kt8.count))
     assert t_b < t_h
     assert t_h == pytest.approx(t_8, rel=1e-5)  # FP4 layers at the FP8 rate, exactly as FP8 layers
+
+
+def test_sram_placement_knob_explicit_versus_cache():
+    kt = table("llama3_8b", "bf16")  # ~16 GB of weights
+    big_sram = dict(sram_capacity_bytes=8e9, sram_bandwidth_bytes_per_s=1e14)
+    w = decode_work(1.0, 1024.0)
+    t_cache = float(step_time(chip(**big_sram, sram_explicit_fraction=0.0), kt, IDEAL, Mapping(), w)[0])
+    t_pinned = float(step_time(chip(**big_sram, sram_explicit_fraction=1.0), kt, IDEAL, Mapping(), w)[0])
+    t_none = float(step_time(chip(), kt, IDEAL, Mapping(), w)[0])
+    assert t_cache == pytest.approx(t_none, rel=1e-6)  # a cache smaller than the step's bytes serves nothing
+    assert t_pinned < 0.6 * t_none  # half the bytes pinned on chip, streamed alongside HBM
+    # explicit placement also adds capacity: 80 GB HBM + 100 GB pinned SRAM holds 141 GB of BF16 70B weights
+    kt70 = table("llama3_70b", "bf16")
+    sc = scenario()
+    for frac, expect in ((0.0, 2), (1.0, 0)):
+        c = chip(sram_capacity_bytes=1e11, sram_explicit_fraction=frac)
+        assert int(evaluate_point(c, kt70, DEFAULT, sc, Mapping(), 1.0)["infeasible_code"]) == expect
