@@ -22,6 +22,7 @@ def mapping_name(m: Mapping) -> str:
 
 
 def enumerate_mappings(arch, max_chips: int) -> list[Mapping]:
+    """Mappings for 1, 2, 4 ... max_chips chips (and max_chips itself when not a power of two, e.g. 72 or 96)."""
     out = []
     n = 1
     moe = arch.num_experts > 0
@@ -37,5 +38,7 @@ def enumerate_mappings(arch, max_chips: int) -> list[Mapping]:
         for m in cands:
             if m.tp <= heads and m.ep <= max(arch.num_experts, 1) and m not in out:
                 out.append(m)
-        n *= 2
+        n = n * 2 if n * 2 <= max_chips or n == max_chips else max_chips
+        if n == max_chips and any(x.chips == max_chips for x in out):
+            break
     return out

@@ -69,7 +69,7 @@ jax.tree_util.register_dataclass(ServingParams, data_fields=[f.name for f in dat
                                  meta_fields=[])
 
 INFEASIBLE_REASONS = {
-    1: "mapping needs more chips than the scale-up domain",
+    1: "tensor / pipeline parallel group wider than the scale-up domain",
     2: "weights do not fit in HBM under this mapping",
     3: "KV cache for this concurrency does not fit in HBM",
 }
@@ -184,14 +184,18 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     t_stream = jnp.maximum(on_chip / s_bw, (moved - on_chip) / h_bw)
     t_memory = t_stream / p.memory_efficiency_max * (1.0 + p.memory_bytes_half / jnp.maximum(moved, 1e-6))
     t = jnp.maximum(t_compute, t_memory) + p.kernel_overhead_s
-    # collectives of the step
+    # collectives of the step: inside the scale-up domain on its links; an instance wider than the domain (large EP
+    # over several nodes, as the lmsys DeepSeek deployments) crosses the scale-out network for its EP / DP traffic
     link, lat = chip.scaleup_bandwidth_bytes_per_s * p.link_efficiency, chip.scaleup_latency_s
+    wide = m.chips > chip.scaleup_domain_chips
+    out_link = jnp.where(wide, chip.scaleout_bandwidth_bytes_per_s * p.link_efficiency, link)
+    out_lat = jnp.where(wide, 5.0 * lat, lat)  # a scale-out hop: NIC + switch tiers (assumed 5x a scale-up hop)
     msg = tokens / m.dp * kt.hidden_size * kt.activation_bytes
     t_ar = kt.tp_allreduce * allreduce_time(msg, m.tp, link, lat)
     a2a_bytes = tokens / n_stage * kt.experts_per_token * kt.hidden_size * kt.activation_bytes * (m.ep - 1) / m.ep
-    t_a2a = kt.ep_alltoall * 2.0 * alltoall_time(a2a_bytes, m.ep, link, lat)
+    t_a2a = kt.ep_alltoall * 2.0 * alltoall_time(a2a_bytes, m.ep, out_link, out_lat)
     dep = jnp.where((m.dp > 1) & (m.ep > 1) & (kt.group == GROUP_FFN), 1.0, 0.0)
-    t_dep = dep * 2.0 * allgather_time(tokens * kt.hidden_size * kt.activation_bytes, m.dp, link, lat)
+    t_dep = dep * 2.0 * allgather_time(tokens * kt.hidden_size * kt.activation_bytes, m.dp, out_link, out_lat)
     t_comm = t_ar + t_a2a + t_dep
     n = kt.count
     flops_by_dtype = jnp.sum(flops_chip * n[:, None], axis=0)
@@ -243,7 +247,7 @@ def memory_code(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, seque
     # bytes pinned in explicitly placed SRAM need no HBM copy
     usable = (1.0 - p.hbm_reserve_fraction) * chip.hbm_capacity_bytes \
         + chip.sram_explicit_fraction * chip.sram_capacity_bytes
-    code = jnp.where(m.chips > chip.scaleup_domain_chips, 1,
+    code = jnp.where(m.tp * m.pp > chip.scaleup_domain_chips, 1,
                      jnp.where(weights > usable, 2, jnp.where(weights + kv > usable, 3, 0)))
     return code.astype(jnp.int32), weights + kv
 
