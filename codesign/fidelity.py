@@ -1,0 +1,275 @@
+"""Predicting published measurements: one row of a reference file (schema of ../shared/reference/README.md) ->
+the serving model's figure for it, differentiable in the serving parameters (for calibration).
+
+A row names a model, a chip, a precision, the chips of one instance, a mapping (``tpN``, ``depN``, ``best``,
+``disaggregated``), lengths and their distribution, speculative decoding and a metric. :func:`row_spec` validates
+it (one-line errors naming the row) and :func:`predict_row` evaluates the serving model over the mappings and
+concurrencies the benchmark would have searched and reads the metric the way the benchmark defines it:
+
+- ``max_output_tput_per_chip``: offline (trtllm-bench: all requests queued), best output tokens/s per chip over
+  batch sizes that fit;
+- ``total_tput_per_chip_at_interactivity``: InferenceX closed loop; per mapping the (interactivity, total tokens/s
+  per chip) curve over concurrency, read at the row's interactivity by linear interpolation, best mapping;
+- ``prefill_input_tput_per_chip`` / ``decode_output_tput_per_chip``: disaggregated pools, each pool's best mapping;
+- ``max_interactivity``: tok/s/user at concurrency 1, best mapping;
+- ``peak_total_tput_per_kw``: best total tokens/s per chip over the chip rating;
+- ``min_e2e_latency_s``: lowest mean end-to-end latency.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from arch_space.errors import ConfigError
+
+COLUMNS = ("id", "model", "hardware", "precision", "chips", "mapping", "isl", "osl", "input_dist", "speculative",
+           "metric", "interactivity", "value", "unit", "confidence", "source")
+METRICS = ("max_output_tput_per_chip", "total_tput_per_chip_at_interactivity", "prefill_input_tput_per_chip",
+           "decode_output_tput_per_chip", "max_interactivity", "peak_total_tput_per_kw", "min_e2e_latency_s")
+PRECISIONS = ("bf16", "fp8", "fp4", "int4")
+OFFLINE_CONCURRENCY = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+CLOSED_LOOP_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+DISAGG_DEFAULT_OSL = 1024  # decode length when a disaggregated row gives none (assumed: InferenceX's 1k outputs)
+MTP_ACCEPTANCE = 0.7  # per-token draft acceptance when a row runs MTP (assumed; DeepSeek-V3 reports 85-90% for
+# the first draft token, lower for later ones)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSpec:
+    row_id: str
+    model: str
+    hardware: str
+    precision: str
+    chips: int | None
+    mapping: str
+    isl: int
+    osl: int | None
+    input_dist: str
+    draft_tokens: int
+    metric: str
+    interactivity: float | None
+    value: float | None
+
+
+def _int(row, key, where, *, required=True):
+    raw = (row.get(key) or "").strip()
+    if not raw:
+        if required:
+            raise ConfigError(where, f"{key}: missing")
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ConfigError(where, f"{key}: expected a number, got {raw!r}") from None
+    if not math.isfinite(v) or v <= 0 or v != int(v):
+        raise ConfigError(where, f"{key}: must be a positive whole number, got {raw!r}")
+    return int(v)
+
+
+def row_spec(row: dict, line: int, known_models, known_hardware) -> RowSpec:
+    where = f"row {line} ({row.get('id') or 'no id'})"
+    model, hw = (row.get("model") or "").strip(), (row.get("hardware") or "").strip()
+    if model not in known_models:
+        raise ConfigError(where, f"model: unknown {model!r} (known: {', '.join(sorted(known_models))})")
+    if hw not in known_hardware:
+        raise ConfigError(where, f"hardware: unknown {hw!r} (known: {', '.join(sorted(known_hardware))})")
+    precision = (row.get("precision") or "").strip()
+    if precision not in PRECISIONS:
+        raise ConfigError(where, f"precision: must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    mapping = (row.get("mapping") or "").strip()
+    if not (mapping in ("best", "disaggregated") or re.fullmatch(r"(tp\d+)?(ep\d+)?(dep\d+)?(pp\d+)?", mapping)
+            and mapping):
+        raise ConfigError(where, f"mapping: expected tpN, depN, best or disaggregated, got {mapping!r}")
+    metric = (row.get("metric") or "").strip()
+    if metric not in METRICS:
+        raise ConfigError(where, f"metric: must be one of {', '.join(METRICS)}, got {metric!r}")
+    dist = (row.get("input_dist") or "fixed").strip()
+    if dist not in ("fixed", "uniform_0.8_1.0"):
+        raise ConfigError(where, f"input_dist: must be fixed or uniform_0.8_1.0, got {dist!r}")
+    spec = (row.get("speculative") or "none").strip()
+    m = re.fullmatch(r"mtp(\d+)", spec)
+    if spec != "none" and not m:
+        raise ConfigError(where, f"speculative: expected none or mtpN, got {spec!r}")
+    inter = None
+    if metric == "total_tput_per_chip_at_interactivity":
+        raw = (row.get("interactivity") or "").strip()
+        try:
+            inter = float(raw)
+        except ValueError:
+            raise ConfigError(where, f"interactivity: a number is required for {metric}, got {raw!r}") from None
+        if not math.isfinite(inter) or inter <= 0:
+            raise ConfigError(where, f"interactivity: must be > 0, got {raw!r}")
+    value = None
+    raw = (row.get("value") or "").strip()
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(where, f"value: expected a number, got {raw!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigError(where, f"value: must be > 0, got {raw!r}")
+    osl_required = mapping != "disaggregated"
+    return RowSpec(row_id=(row.get("id") or f"row{line}").strip(), model=model, hardware=hw, precision=precision,
+                   chips=_int(row, "chips", where, required=False), mapping=mapping,
+                   isl=_int(row, "isl", where), osl=_int(row, "osl", where, required=osl_required), input_dist=dist,
+                   draft_tokens=int(m.group(1)) if m else 0, metric=metric, interactivity=inter, value=value)
+
+
+def read_reference(path: Path, known_models, known_hardware) -> tuple[list[dict], list[RowSpec]]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(str(path), f"cannot read: {err.strerror or err}") from None
+    reader = csv.DictReader(text.splitlines())
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ConfigError(str(path), f"missing column(s): {', '.join(missing)} (schema: {', '.join(COLUMNS)})")
+    rows = list(reader)
+    specs = [row_spec(r, i + 2, known_models, known_hardware) for i, r in enumerate(rows)]
+    return rows, specs
+
+
+def scenario_for(spec: RowSpec, arch, chip):
+    """The serving scenario the row's benchmark ran, and the chips an instance may use."""
+    from serving.scenario import Scenario
+
+    domain = int(float(chip.scaleup_domain_chips))
+    chips = spec.chips or domain
+    if spec.metric == "max_output_tput_per_chip":
+        kind, conc = "offline", OFFLINE_CONCURRENCY
+    elif spec.mapping == "disaggregated" or spec.metric in ("prefill_input_tput_per_chip",
+                                                             "decode_output_tput_per_chip"):
+        kind, conc = "disaggregated", CLOSED_LOOP_CONCURRENCY
+    else:
+        kind, conc = "closed_loop", CLOSED_LOOP_CONCURRENCY
+    draft = spec.draft_tokens if arch.num_mtp_layers else 0
+    return Scenario(name=f"row-{spec.row_id}", kind=kind, isl_tokens=spec.isl,
+                    osl_tokens=spec.osl or DISAGG_DEFAULT_OSL, input_dist=spec.input_dist, concurrency=conc,
+                    max_chips=chips, draft_tokens=draft, acceptance_rate=MTP_ACCEPTANCE if draft else 0.0)
+
+
+def mappings_for(spec: RowSpec, arch, max_chips: int):
+    from serving.mappings import enumerate_mappings, mapping_name
+
+    all_maps = enumerate_mappings(arch, max_chips)
+    if spec.mapping in ("best", "disaggregated"):
+        # per-chip figures do not depend on how many instances share the system: any mapping up to its chips
+        return all_maps
+    named = [m for m in all_maps if mapping_name(m) == spec.mapping]
+    if not named:
+        raise ConfigError(f"row {spec.row_id}", f"mapping: {spec.mapping!r} is not a mapping of {arch.name} on "
+                                                f"{max_chips} chips")
+    return named
+
+
+def read_metric(spec: RowSpec, out: dict):
+    """The row's metric from the grid (arrays [M, C]); returns (value, mapping index, concurrency index)."""
+    feas = out["infeasible_code"] == 0
+    neg = -jnp.inf
+
+    def best(v, sign=1.0):
+        masked = jnp.where(feas, sign * v, neg)
+        flat = jnp.argmax(masked)
+        return sign * jnp.max(masked), flat // v.shape[1], flat % v.shape[1]
+
+    if spec.metric == "max_output_tput_per_chip":
+        return best(out["output_tok_s_per_chip"])
+    if spec.metric == "prefill_input_tput_per_chip":
+        return best(out["prefill_input_tok_s_per_chip"])
+    if spec.metric == "decode_output_tput_per_chip":
+        return best(out["decode_output_tok_s_per_chip"])
+    if spec.metric == "peak_total_tput_per_kw":
+        return best(out["total_tok_s_per_kw"])
+    if spec.metric == "min_e2e_latency_s":
+        return best(out["e2e_s"], -1.0)
+    if spec.metric == "max_interactivity":
+        return best(out["interactivity_tok_s_user"])
+    # total tokens/s per chip at an interactivity: per mapping, interpolate along concurrency
+    x, y = out["interactivity_tok_s_user"], out["total_tok_s_per_chip"]
+    target = spec.interactivity
+    vals = []
+    for i in range(x.shape[0]):
+        ok = feas[i]
+        xi = jnp.where(ok, x[i], -jnp.inf)
+        # interactivity falls as concurrency rises; find the first concurrency below the target
+        below = ok & (x[i] < target)
+        j = jnp.argmax(below)  # first concurrency slower than the target
+        has_below = jnp.any(below)
+        reach = jnp.max(xi) >= target
+        j0 = jnp.maximum(j - 1, 0)
+        t = (x[i, j0] - target) / jnp.maximum(x[i, j0] - x[i, j], 1e-12)
+        interp = y[i, j0] + jnp.clip(t, 0.0, 1.0) * (y[i, j] - y[i, j0])
+        last_ok = jnp.max(jnp.where(ok, jnp.arange(x.shape[1]), -1))
+        tail = y[i, jnp.maximum(last_ok, 0)]  # every feasible point is faster than the target: the slowest one
+        vals.append(jnp.where(reach, jnp.where(has_below & (j > 0), interp, jnp.where(has_below, neg, tail)), neg))
+    vals = jnp.stack(vals)
+    i = jnp.argmax(vals)
+    return jnp.max(vals), i, jnp.asarray(0)
+
+
+class Predictor:
+    """Caches presets, kernel tables and scenarios so predictions (and their gradients) reuse traces."""
+
+    def __init__(self, conf_dir: Path):
+        from omegaconf import OmegaConf
+
+        self.conf_dir = Path(conf_dir)
+        self._load = lambda rel: OmegaConf.to_container(OmegaConf.load(self.conf_dir / rel), resolve=True)
+        self.models = {p.stem for p in (self.conf_dir / "workload").glob("*.yaml")}
+        self.hardware = {p.stem for p in (self.conf_dir / "hardware").glob("*.yaml")}
+        self._cache: dict = {}
+
+    def _get(self, key, make):
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def inputs(self, spec: RowSpec):
+        from arch_space.chip import Chip, stack
+        from serving.architecture import ModelArchitecture
+        from serving.kernel_table import build_kernel_table
+        from serving.precision import Precision
+        from serving.serve import stack_mappings
+
+        arch = self._get(("arch", spec.model),
+                         lambda: ModelArchitecture.from_dict(self._load(f"workload/{spec.model}.yaml")))
+        chip = self._get(("chip", spec.hardware),
+                         lambda: Chip.from_dict(self._load(f"hardware/{spec.hardware}.yaml"), spec.hardware))
+        precision = self._get(("prec", spec.precision),
+                              lambda: Precision.from_dict(self._load(f"precision/{spec.precision}.yaml")))
+        kt = build_kernel_table(arch, precision)
+        sc = scenario_for(spec, arch, chip)
+        maps = mappings_for(spec, arch, sc.max_chips)
+        return arch, stack([chip]), kt, sc, maps, stack_mappings(maps)
+
+    def predict(self, spec: RowSpec, params):
+        """(value, mapping name, concurrency) for the row under serving parameters ``params``."""
+        from serving.mappings import mapping_name
+        from serving.serve import evaluate_grid
+
+        arch, chips, kt, sc, maps, stacked = self.inputs(spec)
+        out = evaluate_grid(chips, kt, params, sc, stacked, np.asarray(sc.concurrency, np.float32))
+        out = {k: v[0] for k, v in out.items()}
+        value, i, j = read_metric(spec, out)
+        return value, mapping_name(maps[int(i)]), int(sc.concurrency[int(j)])
+
+    def value_fn(self, spec: RowSpec):
+        """params -> predicted value, a pure function for jax.grad."""
+        from serving.serve import evaluate_grid
+
+        arch, chips, kt, sc, maps, stacked = self.inputs(spec)
+        conc = np.asarray(sc.concurrency, np.float32)
+
+        def f(params):
+            out = evaluate_grid(chips, kt, params, sc, stacked, conc)
+            return read_metric(spec, {k: v[0] for k, v in out.items()})[0]
+
+        return f
