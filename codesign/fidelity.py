@@ -151,7 +151,8 @@ def scenario_for(spec: RowSpec, arch, chip):
     else:
         kind, conc = "closed_loop", CLOSED_LOOP_CONCURRENCY
     draft = spec.draft_tokens if arch.num_mtp_layers else 0
-    return Scenario(name=f"row-{spec.row_id}", kind=kind, isl_tokens=spec.isl,
+    return Scenario(name="reference-row", kind=kind,  # one name: scenarios differing in numbers share a compile
+                    isl_tokens=spec.isl,
                     osl_tokens=spec.osl or DISAGG_DEFAULT_OSL, input_dist=spec.input_dist, concurrency=conc,
                     max_chips=chips, draft_tokens=draft, acceptance_rate=MTP_ACCEPTANCE if draft else 0.0)
 

@@ -18,7 +18,7 @@ from arch_space.errors import ConfigError
 from arch_space.validation import build, choice
 
 TENSOR_CLASSES = ("attention", "dense_ffn", "routed_experts", "shared_experts", "embeddings")
-STORAGE_FORMATS = ("bf16", "fp8", "int8", "mxfp4", "nvfp4", "int4")
+STORAGE_FORMATS = ("bf16", "fp8", "int8", "mxfp4", "nvfp4", "int4", "fp32")
 MATH_DTYPES = ("bf16", "fp8", "int8", "fp4")
 
 # Bits per stored element, scales included (sources in the module docstring).
@@ -29,8 +29,9 @@ BITS_PER_ELEMENT = {
     "mxfp4": 4.0 + 8.0 / 32,
     "nvfp4": 4.0 + 8.0 / 16,
     "int4": 4.0 + 16.0 / 32,
+    "fp32": 32.0,  # IEEE float32, no scales (codesign.execute runs the models in float32 on CPUs)
 }
-ACTIVATION_BYTES = {"bf16": 2.0, "fp8": 1.0}
+ACTIVATION_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp32": 4.0}
 
 # Parameter class (ModelArchitecture.param_counts / the graph's tensor classes) -> the recipe class that sets its
 # storage and math dtype. Routers, norms and the vision tower follow the attention recipe; the MTP head the experts'.
@@ -39,7 +40,7 @@ RECIPE_CLASS = {
     "shared_experts": "shared_experts", "router": "attention", "norms": "attention",
     "embedding": "embeddings", "lm_head": "embeddings", "vision": "attention", "mtp": "routed_experts",
 }
-KV_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5 + 1.0 / 16}
+KV_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5 + 1.0 / 16, "fp32": 4.0}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 from arch_space.errors import ConfigError
 from arch_space.validation import build, check_quantities, choice, quantity
 
@@ -82,10 +84,19 @@ class Scenario:
         """Expected tokens a sequence advances per step with an n-token draft accepted with probability a per
         token: (1 - a^(n+1)) / (1 - a) (Leviathan et al., ICML 2023); 1 without speculation."""
         n, a = self.draft_tokens, self.acceptance_rate
-        return 1.0 if n == 0 else (1.0 - a ** (n + 1)) / (1.0 - a)
+        return (1.0 - a ** (n + 1)) / (1.0 - a)  # = 1 for n = 0 (acceptance < 1): no branch, so it traces
 
     @property
     def max_context_tokens(self) -> int:
         if self.kind == "agentic":
             return self.isl_tokens + self.turns * (self.turn_input_tokens + self.osl_tokens)
         return self.isl_tokens + self.osl_tokens
+
+
+# Numeric fields are pytree leaves, so scenarios that differ only in lengths or rates share one compiled evaluator;
+# what changes the program (kind, length distribution, the concurrency grid, a fixed vs searched pool ratio) is static.
+_NUMERIC = ("isl_tokens", "osl_tokens", "max_chips", "draft_tokens", "acceptance_rate", "prefill_batch_tokens",
+            "prefill_pool_fraction", "turns", "turn_input_tokens", "tool_gap_s", "prefix_cache_hit_rate",
+            "chain_steps")
+jax.tree_util.register_dataclass(Scenario, data_fields=list(_NUMERIC),
+                                 meta_fields=[f.name for f in dataclasses.fields(Scenario) if f.name not in _NUMERIC])

@@ -106,7 +106,7 @@ def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, 
     e2e = ttft + (osl - 1.0) * tpot
     if sc.kind == "agentic":
         e2e = sc.chain_steps * (e2e + sc.tool_gap_s)  # a chain of dependent turns, tool calls in between
-    code, used = memory_code(chip, kt, p, m, b, float(sc.max_context_tokens))
+    code, used = memory_code(chip, kt, p, m, b, jnp.asarray(sc.max_context_tokens, jnp.float32))
     kw = chip.power_rating_w / 1000.0
     allin = jnp.where(chip.allin_power_w > 0, total_per_chip / (chip.allin_power_w / 1000.0), jnp.nan)
     return {
@@ -126,7 +126,7 @@ def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, 
     }
 
 
-@partial(jax.jit, static_argnums=(3,))
+@jax.jit
 def evaluate_grid(chips: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, mappings: Mapping, concurrency):
     """Every design x mapping x concurrency: chip leaves [N], mapping leaves [M], concurrency [C] -> [N, M, C]."""
     def per_mapping(chip, m):
