@@ -171,8 +171,9 @@ def mappings_for(spec: RowSpec, arch, max_chips: int):
     return named
 
 
-def read_metric(spec: RowSpec, out: dict):
-    """The row's metric from the grid (arrays [M, C]); returns (value, mapping index, concurrency index)."""
+def read_metric(spec: RowSpec, out: dict, target=None):
+    """The row's metric from the grid (arrays [M, C]); returns (value, mapping index, concurrency index).
+    ``target``: the interactivity to read at (defaults to the row's; may be traced)."""
     feas = out["infeasible_code"] == 0
     neg = -jnp.inf
 
@@ -195,8 +196,8 @@ def read_metric(spec: RowSpec, out: dict):
         return best(out["interactivity_tok_s_user"])
     # total tokens/s per chip at an interactivity: per mapping, interpolate along concurrency
     x, y = out["interactivity_tok_s_user"], out["total_tok_s_per_chip"]
-    target = spec.interactivity
-    vals = []
+    target = spec.interactivity if target is None else target
+    vals, js = [], []
     for i in range(x.shape[0]):
         ok = feas[i]
         xi = jnp.where(ok, x[i], -jnp.inf)
@@ -211,9 +212,10 @@ def read_metric(spec: RowSpec, out: dict):
         last_ok = jnp.max(jnp.where(ok, jnp.arange(x.shape[1]), -1))
         tail = y[i, jnp.maximum(last_ok, 0)]  # every feasible point is faster than the target: the slowest one
         vals.append(jnp.where(reach, jnp.where(has_below & (j > 0), interp, jnp.where(has_below, neg, tail)), neg))
+        js.append(jnp.where(has_below & (j > 0), j0, jnp.maximum(last_ok, 0)))
     vals = jnp.stack(vals)
     i = jnp.argmax(vals)
-    return jnp.max(vals), i, jnp.asarray(0)
+    return jnp.max(vals), i, jnp.stack(js)[i]
 
 
 class Predictor:
@@ -262,15 +264,25 @@ class Predictor:
         value, i, j = read_metric(spec, out)
         return value, mapping_name(maps[int(i)]), int(sc.concurrency[int(j)])
 
-    def value_fn(self, spec: RowSpec):
-        """params -> predicted value, a pure function for jax.grad."""
-        from serving.serve import evaluate_grid
-
+    def loss_terms(self, spec: RowSpec):
+        """(static metric key, traced arguments) for :func:`row_log_error`, so rows of one model and kind share
+        one compiled gradient."""
         arch, chips, kt, sc, maps, stacked = self.inputs(spec)
-        conc = np.asarray(sc.concurrency, np.float32)
+        # only the metric shapes the program; everything else is data (rows of one model and kind share a compile)
+        static = RowSpec(row_id="", model="", hardware="", precision="", chips=None, mapping="", isl=1, osl=None,
+                         input_dist="", draft_tokens=0, metric=spec.metric, interactivity=None, value=None)
+        return static, (chips, kt, sc, stacked, np.asarray(sc.concurrency, np.float32),
+                        np.float32(spec.interactivity or 0.0), np.float32(math.log(spec.value)))
 
-        def f(params):
-            out = evaluate_grid(chips, kt, params, sc, stacked, conc)
-            return read_metric(spec, {k: v[0] for k, v in out.items()})[0]
 
-        return f
+def _row_log_error(params, static, chips, kt, sc, maps, conc, target, log_value):
+    from serving.serve import evaluate_grid
+
+    out = evaluate_grid(chips, kt, params, sc, maps, conc)
+    value = read_metric(static, {k: v[0] for k, v in out.items()}, target)[0]
+    return (jnp.log(value) - log_value) ** 2
+
+
+import jax  # noqa: E402
+
+row_log_error = jax.jit(jax.value_and_grad(_row_log_error), static_argnums=(1,))

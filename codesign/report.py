@@ -192,8 +192,16 @@ def assumptions(meta: dict) -> list[list[str]]:
     for g, gen in meta.get("generations", {}).items():
         for field, prov in gen.get("provenance", {}).items():
             out.append([f"{g}.{field}", _fmt(gen.get(field)), prov["kind"], prov["source"]])
-    for k, v in meta.get("serving", {}).items():
-        out.append([f"serving.{k}", _fmt(v), "assumed", "conf/serving (uncalibrated serving-model parameter)"])
+    serving = dict(meta.get("serving", {}))
+    fit = serving.pop("fit", None)
+    fitted = set(fit.get("fitted", [])) if isinstance(fit, dict) else set()
+    for k, v in serving.items():
+        if k in fitted:
+            out.append([f"serving.{k}", _fmt(v), "fitted",
+                        f"conf/serving/calibrated.yaml: fitted to {fit.get('data')} ({fit.get('rows')} rows, median "
+                        f"|error| {fit.get('median_abs_error_pct')}%, p90 {fit.get('p90_abs_error_pct')}%)"])
+        else:
+            out.append([f"serving.{k}", _fmt(v), "assumed", "conf/serving (serving-model parameter, not fitted)"])
     return out
 
 

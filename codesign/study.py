@@ -29,9 +29,10 @@ from sweeps.store import ResultStore, atomic_write_table
 
 # Bump when the evaluation changes what it computes for the same inputs: part of every sweep's identity.
 MODEL_VERSION = "serving-v1"
-MODEL_NOTE = ("kernel-level serving model over the traced operator graph (serving/serve.py) with the assumed, "
-              "uncalibrated efficiencies of conf/serving; until calibration, absolute figures are optimistic and "
-              "the comparison between designs is the point")
+MODEL_NOTE = ("kernel-level serving model over the traced operator graph (serving/serve.py) with the serving "
+              "parameters of conf/serving (the default, calibrated.yaml, is fitted to measured_calibration.csv: see "
+              "its median and p90 errors under Assumptions); differences between designs are more reliable than "
+              "absolute figures")
 
 
 def _preset_id(chip) -> str:

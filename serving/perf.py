@@ -58,7 +58,8 @@ class ServingParams:
 
     @classmethod
     def from_dict(cls, data, path: str = "serving") -> "ServingParams":
-        p = build(cls, data, path)
+        # a calibrated file carries its fit report under `fit` (data, per-row errors): not a model parameter
+        p = build(cls, data, path, ignore=("fit",))
         for f in _FRACTIONS:
             if getattr(p, f) > 1:
                 raise ConfigError(f"{path}.{f}", f"must be <= 1 (a fraction), got {getattr(p, f)}")

@@ -1,0 +1,174 @@
+"""``python -m codesign.calibrate``: fit the serving model's named parameters to measured serving results.
+
+One set of parameters shared by every chip (no per-row or per-chip fitting) is fitted to
+``../shared/reference/measured_calibration.csv`` by gradient-based least squares on the log error,
+sum_rows (log predicted - log measured)^2, with the serving model's own JAX gradients (Adam; fractions are fitted
+through a logistic, positive quantities through a log, so every iterate is a valid parameter set). The result,
+with the fit's per-row errors, its median and the data it was fitted on, is written atomically to
+``conf/serving/calibrated.yaml`` (``output=``), which configs select with ``serving=calibrated``. The fit is
+deterministic: same data, same start, same iterations, same file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import jax
+import jax.numpy as jnp
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from arch_space.errors import ConfigError
+from arch_space.validation import check_quantity
+from codesign.cli import CONF_DIR, fail, precheck
+from codesign.fidelity import Predictor, read_reference, row_log_error
+from serving.perf import ServingParams
+from sweeps.store import atomic_write_text
+
+PROG = "codesign.calibrate"
+KEYS = ("serving", "reference", "output", "fit", "iterations", "learning_rate")
+FRACTIONS = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "memory_efficiency_max",
+             "link_efficiency", "comm_overlap", "hbm_reserve_fraction")
+DEFAULT_FIT = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "memory_efficiency_max",
+               "gemm_rows_half", "moe_rows_half", "kernel_overhead_s", "step_overhead_s", "link_efficiency",
+               "comm_overlap")
+
+
+def to_z(params: ServingParams, fields) -> jnp.ndarray:
+    vals = []
+    for f in fields:
+        v = float(getattr(params, f))
+        vals.append(math.log(v / (1 - v)) if f in FRACTIONS else math.log(max(v, 1e-12)))
+    return jnp.asarray(vals, jnp.float32)
+
+
+def from_z(z, base: ServingParams, fields) -> ServingParams:
+    vals = {f: (jax.nn.sigmoid(z[i]) if f in FRACTIONS else jnp.exp(z[i])) for i, f in enumerate(fields)}
+    return dataclasses.replace(base, **vals)
+
+
+def fit(predictor: Predictor, specs, base: ServingParams, fields, iterations: int, lr: float, log=print):
+    """Adam on z (the transformed parameters); returns (params, history of losses)."""
+    terms = [predictor.loss_terms(s) for s in specs]
+    z = to_z(base, fields)
+    m = jnp.zeros_like(z)
+    v = jnp.zeros_like(z)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    history = []
+
+    def loss_and_grad(z):
+        params = from_z(z, base, fields)
+        total, grad_p = 0.0, None
+        vjp_fn = jax.vjp(lambda zz: from_z(zz, base, fields), z)[1]
+        for static, args in terms:
+            val, g = row_log_error(params, static, *args)
+            total += float(val)
+            grad_p = g if grad_p is None else jax.tree_util.tree_map(jnp.add, grad_p, g)
+        (gz,) = vjp_fn(grad_p)
+        return total / len(terms), gz / len(terms)
+
+    prev = None
+    best = (float("inf"), z)
+    for it in range(iterations):
+        loss, g = loss_and_grad(z)
+        if not (math.isfinite(loss) and bool(jnp.all(jnp.isfinite(g)))):
+            # a step left the region where every row is predictable (e.g. a row's interactivity became
+            # unreachable): go back and take half the step size (deterministic backtracking)
+            if prev is None:
+                raise ConfigError("serving", "the starting parameters leave some rows unpredictable; "
+                                             "validate them first (python -m codesign.validate)")
+            z, m, v = prev
+            lr *= 0.5
+            history.append(float("nan"))
+            log(f"  iteration {it:4d}  step rejected (a row became unpredictable); learning rate {lr:.3g}")
+            continue
+        if loss < best[0]:
+            best = (loss, z)
+        prev = (z, m, v)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        z = z - lr * (m / (1 - b1 ** (it + 1))) / (jnp.sqrt(v / (1 - b2 ** (it + 1))) + eps)
+        history.append(loss)
+        if it % 10 == 0 or it == iterations - 1:
+            log(f"  iteration {it:4d}  mean squared log error {loss:.4f}")
+    z = best[1]
+    history.append(best[0])
+    return from_z(z, base, fields), history
+
+
+def _validate(cfg: dict, overridden=()):
+    for k in cfg:
+        if k not in KEYS:
+            raise ConfigError(k, f"unknown key (known: {', '.join(KEYS)})")
+    base = ServingParams.from_dict(cfg["serving"], "serving")
+    names = {f.name for f in dataclasses.fields(ServingParams)}
+    fields = tuple(cfg["fit"] or DEFAULT_FIT)
+    for i, f in enumerate(fields):
+        if f not in names:
+            raise ConfigError(f"fit[{i}]", f"unknown serving parameter {f!r} (known: {', '.join(sorted(names))})")
+    iterations = check_quantity(cfg["iterations"], "iterations", integer=True)
+    lr = check_quantity(cfg["learning_rate"], "learning_rate")
+    from codesign.validate import DEFAULT_REFERENCE
+
+    ref = Path(cfg["reference"]) if cfg["reference"] else DEFAULT_REFERENCE
+    predictor = Predictor(CONF_DIR)
+    rows, specs = read_reference(ref, predictor.models, predictor.hardware)
+    missing = [s.row_id for s in specs if s.value is None]
+    if missing:
+        raise ConfigError(str(ref), f"rows without a measured value cannot be fitted: {', '.join(missing[:5])}")
+    out = Path(cfg["output"]) if cfg["output"] else CONF_DIR / "serving" / "calibrated.yaml"
+    return base, fields, iterations, lr, ref, predictor, rows, specs, out
+
+
+def calibration_yaml(params: ServingParams, fields, ref: Path, specs, records, history) -> str:
+    errs = [abs(float(r["error_pct"])) for r in records if r["error_pct"]]
+    lines = ["# Serving-model parameters fitted by `python -m codesign.calibrate` (do not edit by hand: refit).",
+             f"# Fitted on {len(specs)} rows of {ref.name}: one parameter set shared by all chips, gradient-based",
+             "# least squares on log error (codesign/calibrate.py). Per-row errors are in `fit` below.", ""]
+    for f in dataclasses.fields(ServingParams):
+        v = float(getattr(params, f.name))
+        tag = "  # fitted" if f.name in fields else "  # kept from the starting config"
+        lines.append(f"{f.name}: {v:.6g}{tag}")
+    lines += ["fit:", f"  data: {ref.name}", f"  rows: {len(specs)}", f"  iterations: {len(history)}",
+              f"  final_mean_squared_log_error: {history[-1]:.6g}",
+              f"  median_abs_error_pct: {float(np.median(errs)):.2f}" if errs else "  median_abs_error_pct: null",
+              f"  p90_abs_error_pct: {float(np.percentile(errs, 90)):.2f}" if errs else "  p90_abs_error_pct: null",
+              "  fitted: [" + ", ".join(fields) + "]", "  per_row_error_pct:"]
+    for r in records:
+        lines.append(f"    {r['id']}: {r['error_pct'] or 'null'}")
+    return "\n".join(lines) + "\n"
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="calibrate")
+def _main(cfg: DictConfig) -> None:
+    from codesign.validate import summary, validate_rows
+
+    try:
+        base, fields, iterations, lr, ref, predictor, rows, specs, out = _validate(
+            OmegaConf.to_container(cfg, resolve=True))
+    except ConfigError as err:
+        fail(PROG, err)
+    t0 = time.perf_counter()
+    print(f"{PROG}: fitting {len(fields)} parameters to {len(specs)} rows of {ref}")
+    params, history = fit(predictor, specs, base, fields, iterations, lr)
+    records = validate_rows(predictor, params, rows, specs)
+    atomic_write_text(out, calibration_yaml(params, fields, ref, specs, records, history))
+    print(summary(records, 5))
+    print(f"{PROG}: wrote {out} in {time.perf_counter() - t0:.0f} s")
+
+
+def cli() -> None:
+    try:
+        precheck(sys.argv[1:], _validate, config_name="calibrate")
+    except ConfigError as err:
+        fail(PROG, err)
+    _main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,120 @@
+"""``python -m codesign.validate reference=IN.csv output=OUT.csv``: predict every row of a reference file.
+
+For each row (schema of ``../shared/reference/README.md``) the serving model predicts the row's metric for its
+model, chip, precision, chips, mapping (searched when ``best``), lengths, length distribution and speculative
+setting (``codesign/fidelity.py``). OUT.csv has every input column plus ``predicted``, ``error_pct``
+((predicted - value) / value x 100), ``mapping_used``, ``concurrency_used`` and ``reason`` where a row cannot be
+predicted (``predicted`` is then empty). The summary gives the rows predicted, the median and 90th-percentile
+absolute error and the worst rows. A malformed file fails with one line naming the row and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from arch_space.errors import ConfigError
+from arch_space.validation import check_quantity
+from codesign.cli import CONF_DIR, fail, precheck
+from codesign.fidelity import COLUMNS, Predictor, read_reference
+from serving.perf import ServingParams
+from sweeps.store import atomic_write_text
+
+PROG = "codesign.validate"
+KEYS = ("serving", "reference", "output", "worst")
+DEFAULT_REFERENCE = CONF_DIR.parent.parent / "shared" / "reference" / "measured_calibration.csv"
+OUT_COLUMNS = COLUMNS + ("predicted", "error_pct", "mapping_used", "concurrency_used", "reason")
+
+
+def _validate(cfg: dict, overridden=()):
+    for k in cfg:
+        if k not in KEYS:
+            raise ConfigError(k, f"unknown key (known: {', '.join(KEYS)})")
+    params = ServingParams.from_dict(cfg["serving"], "serving")
+    ref = Path(cfg["reference"]) if cfg["reference"] else DEFAULT_REFERENCE
+    if not isinstance(cfg["output"], str) or not cfg["output"]:
+        raise ConfigError("output", f"expected a file path, got {cfg['output']!r}")
+    check_quantity(cfg["worst"], "worst", integer=True)
+    predictor = Predictor(CONF_DIR)
+    rows, specs = read_reference(ref, predictor.models, predictor.hardware)  # validates every row up front
+    return params, ref, Path(cfg["output"]), int(cfg["worst"]), predictor, rows, specs
+
+
+def validate_rows(predictor: Predictor, params, rows, specs) -> list[dict]:
+    out = []
+    for row, spec in zip(rows, specs):
+        rec = {c: row.get(c, "") for c in COLUMNS} | {k: "" for k in OUT_COLUMNS[len(COLUMNS):]}
+        try:
+            value, mapping, conc = predictor.predict(spec, params)
+            value = float(value)
+        except ConfigError as err:
+            rec["reason"] = err.detail
+            out.append(rec)
+            continue
+        if not math.isfinite(value) or value <= 0:
+            rec["reason"] = "no feasible operating point (memory or domain) reaches this metric"
+        else:
+            rec["predicted"] = f"{value:.6g}"
+            rec["mapping_used"], rec["concurrency_used"] = mapping, str(conc)
+            if spec.value is not None:
+                rec["error_pct"] = f"{(value - spec.value) / spec.value * 100:.2f}"
+        out.append(rec)
+    return out
+
+
+def summary(records: list[dict], worst: int) -> str:
+    errs = [(abs(float(r["error_pct"])), r) for r in records if r["error_pct"]]
+    lines = [f"rows: {len(records)}, predicted: {sum(1 for r in records if r['predicted'])}, "
+             f"not predicted: {sum(1 for r in records if r['reason'])}"]
+    if errs:
+        a = np.asarray([e for e, _ in errs])
+        lines.append(f"median |error|: {np.median(a):.1f}%   p90 |error|: {np.percentile(a, 90):.1f}%")
+        for e, r in sorted(errs, key=lambda t: -t[0])[:worst]:
+            lines.append(f"  worst {r['id']}: {r['model']} on {r['hardware']} {r['metric']} value {r['value']} "
+                         f"predicted {r['predicted']} ({float(r['error_pct']):+.1f}%, {r['mapping_used']} "
+                         f"@ {r['concurrency_used']})")
+    for r in records:
+        if r["reason"]:
+            lines.append(f"  not predicted {r['id']}: {r['reason']}")
+    return "\n".join(lines)
+
+
+def write_csv(path: Path, records: list[dict]) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(OUT_COLUMNS), lineterminator="\n")
+    w.writeheader()
+    w.writerows(records)
+    atomic_write_text(path, buf.getvalue())
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="validate")
+def _main(cfg: DictConfig) -> None:
+    try:
+        params, ref, out, worst, predictor, rows, specs = _validate(OmegaConf.to_container(cfg, resolve=True))
+    except ConfigError as err:
+        fail(PROG, err)
+    t0 = time.perf_counter()
+    records = validate_rows(predictor, params, rows, specs)
+    write_csv(out, records)
+    print(summary(records, worst))
+    print(f"wrote {out} ({len(records)} rows in {time.perf_counter() - t0:.1f} s)")
+
+
+def cli() -> None:
+    try:
+        precheck(sys.argv[1:], _validate, config_name="validate")
+    except ConfigError as err:
+        fail(PROG, err)
+    _main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,117 @@
+"""``python -m codesign.execute``: the model's steps run on the CPU next to the serving model's prediction.
+
+The run tests only that both numbers exist (positive, finite) for decode and prefill, per step and per kernel class;
+the agreement itself is printed, not asserted (timings on shared CI machines are noisy).
+"""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+TINY = ["workload=llama3_8b", "layers=1", "vocab=1024", "batch=2", "context=64", "prefill_tokens=32", "repeats=2",
+        "warmup=1", "bench.matmul_size=512", "bench.repeats=2"]
+
+
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "codesign.execute", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _check_steps(out):
+    assert [s["phase"] for s in out["steps"]] == ["decode", "prefill"]
+    for s in out["steps"]:
+        for key in ("measured_s", "predicted_s"):
+            assert math.isfinite(s[key]) and s[key] > 0, (s["phase"], key, s[key])
+        for key in ("gemm", "attention", "other"):
+            for side in ("classes_measured_s", "classes_predicted_s"):
+                assert math.isfinite(s[side][key]) and s[side][key] > 0, (s["phase"], side, key)
+        print(f"{s['phase']}: measured {s['measured_s'] * 1e3:.2f} ms, predicted {s['predicted_s'] * 1e3:.2f} ms, "
+              f"predicted/measured {s['ratio']:.2f}")
+
+
+def test_execute_reports_measured_and_predicted_decode_and_prefill():
+    proc = run(*TINY, "format=json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["layers"] == 1 and out["vocab"] == 1024 and out["exec_dtype"] == "float32"
+    assert out["precision"] == "fp32"
+    _check_steps(out)
+    chip = out["chip"]
+    assert chip["bf16_flops_per_s"] == out["microbenchmarks"]["matmul_flops_per_s"] > 0
+    assert chip["hbm_bandwidth_bytes_per_s"] == out["microbenchmarks"]["stream_bytes_per_s"] > 0
+    assert chip["sram_explicit_fraction"] == 0.0 and chip["scaleup_domain_chips"] == 1
+    assert out["steps"][0]["serving_params"]["memory_efficiency_max"] == 1.0  # the rates are achieved ones
+    assert set(out["steps"][0]["predicted_s_by_params"]) == {"phase", "run", "rates", "config"}
+
+
+@pytest.mark.slow
+def test_execute_table_on_a_tiny_moe():
+    proc = run("workload=qwen3_30b_a3b", "layers=1", "vocab=1024", "experts=16", "batch=2", "context=32",
+               "prefill_tokens=32", "repeats=2", "warmup=0", "bench.matmul_size=512", "bench.repeats=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert "16 experts, moe_impl grouped" in lines[0]
+    assert any(ln.startswith("decode B=2 C=32") and "step" in ln for ln in lines)
+    assert any("MoE experts" in ln for ln in lines) and any(ln.startswith("prefill T=32") for ln in lines)
+    print(proc.stdout)
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["layers=0"], "layers: must be > 0, got 0"),
+    (["layers=33"], "layers: llama3_8b has 32 layers, got 33"),
+    (["vocab=200000"], "vocab: caps the vocabulary"),
+    (["experts=4"], "experts: llama3_8b has no routed experts, got 4"),
+    (["batch=[1,-2]"], "batch[1]: must be > 0, got -2"),
+    (["exec_dtype=fp16"], "exec_dtype: must be one of auto, float32, bfloat16, got 'fp16'"),
+    (["params=tuned"], "params: must be one of phase, run, rates, config, got 'tuned'"),
+    (["serving.gemm_rows_half=-1"], "serving.gemm_rows_half: must be > 0, got -1"),
+    (["+bench.size=3"], "bench.size: unknown key"),
+    (["workload=nope"], "workload: unknown preset 'nope'"),
+])
+def test_execute_rejects_bad_input_in_one_line(argv, expect):
+    proc = run(*argv, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("codesign.execute: error: ") and expect in proc.stderr, proc.stderr
+
+
+def test_grouped_ragged_dot_equals_ragged_dot():
+    import jax
+    import jax.numpy as jnp
+
+    from codesign.execute import grouped_ragged_dot
+
+    rng = np.random.default_rng(0)
+    for rows, groups in ((5, 8), (40, 4), (64, 3)):  # tile 1 (rows <= groups), tiles of 8 and 16 rows
+        sizes = rng.multinomial(rows, np.ones(groups) / groups)
+        sizes[0] = 0 if groups > 3 else sizes[0]  # an empty group
+        sizes[-1] += rows - sizes.sum()
+        lhs = jnp.asarray(rng.normal(size=(rows, 16)), jnp.float32)
+        rhs = jnp.asarray(rng.normal(size=(groups, 16, 12)), jnp.float32)
+        gs = jnp.asarray(sizes, jnp.int32)
+        want = jax.lax.ragged_dot(lhs, rhs, gs, preferred_element_type=jnp.float32)
+        got = jax.jit(grouped_ragged_dot, static_argnames="preferred_element_type")(
+            lhs, rhs, gs, preferred_element_type=jnp.float32)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_curve_fit_recovers_a_known_curve():
+    from codesign.execute import fit_gemm_curve
+    from serving.perf import ServingParams
+
+    base = ServingParams()
+    rate, bw, k, n, e, h = 1e11, 1e10, 4096, 8192, 0.6, 20.0
+    rows = np.asarray([1, 2, 4, 8, 16, 32, 64, 128, 256, 512], float)
+    nbytes = (k * n + rows * (k + n)) * 4
+    t = np.maximum(2 * rows * k * n / rate / e * (1 + h / rows), nbytes / bw * (1 + base.memory_bytes_half / nbytes))
+    mb = {"gemm_sweep": {"k": k, "n": n, "dtype": "float32", "rows": rows.astype(int).tolist(),
+                         "seconds": t.tolist()},
+          "matmul_flops_per_s": rate, "stream_bytes_per_s": bw, "kernel_overhead_s": 0.0}
+    fit = fit_gemm_curve(mb, base)
+    assert fit["gemm_efficiency_max"] == pytest.approx(e, abs=0.02)
+    assert fit["gemm_rows_half"] == pytest.approx(h, rel=0.1)
+    assert max(abs(np.log(fit["predicted_over_measured"]))) < 0.05
