@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 import time
 
 import hydra
@@ -21,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from arch_space.errors import ConfigError
 from arch_space.validation import check_quantity
-from codesign.cli import CONF_DIR, fail, precheck
+from codesign.cli import CONF_DIR, entry, fail
 
 PROG = "codesign.bench"
 SUITES = ("serving",)
@@ -129,11 +128,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    try:
-        precheck(sys.argv[1:], _validate, config_name="bench")
-    except ConfigError as err:
-        fail(PROG, err)
-    _main()
+    entry(PROG, "bench", _validate, _main)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from arch_space.errors import ConfigError
 from arch_space.validation import check_quantity
-from codesign.cli import CONF_DIR, fail, precheck
+from codesign.cli import CONF_DIR, entry, fail
 from codesign.fidelity import Predictor, read_reference, row_log_error
 from serving.perf import ServingParams
 from sweeps.store import atomic_write_text
@@ -163,11 +162,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    try:
-        precheck(sys.argv[1:], _validate, config_name="calibrate")
-    except ConfigError as err:
-        fail(PROG, err)
-    _main()
+    entry(PROG, "calibrate", _validate, _main)
 
 
 if __name__ == "__main__":

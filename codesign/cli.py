@@ -103,3 +103,12 @@ def precheck(argv: list[str], validate: Callable[[dict, tuple[str, ...]], object
     _check_choices(overrides)
     for job in _jobs(overrides, bool(args.multirun)):
         validate(_compose(job, args.config_name or config_name), overridden_keys(job))
+
+
+def entry(prog: str, config_name: str, validate: Callable, hydra_main: Callable) -> None:
+    """A command's console entry point: validate the command line first (one-line errors), then run Hydra."""
+    try:
+        precheck(sys.argv[1:], validate, config_name=config_name)
+    except ConfigError as err:
+        fail(prog, err)
+    hydra_main()

@@ -9,7 +9,6 @@ FLOPs of one decode token at ``context_tokens``; ``kernels`` lists every kernel 
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import hydra
@@ -17,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from arch_space.errors import ConfigError
 from arch_space.validation import check_quantity
-from codesign.cli import CONF_DIR, fail, precheck
+from codesign.cli import CONF_DIR, entry, fail
 from codesign.schema import load_workload
 from serving.precision import Precision
 
@@ -90,11 +89,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    try:
-        precheck(sys.argv[1:], _validate, config_name="describe")
-    except ConfigError as err:
-        fail(PROG, err)
-    _main()
+    entry(PROG, "describe", _validate, _main)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,13 @@ Outputs go to the Hydra run directory (``outputs/DATE/TIME`` by default): ``resu
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from arch_space.errors import ConfigError
-from codesign.cli import CONF_DIR, fail, overridden_keys, precheck
+from codesign.cli import CONF_DIR, entry, fail, overridden_keys
 from codesign.schema import load_study
 
 PROG = "codesign"
@@ -53,11 +52,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    try:
-        precheck(sys.argv[1:], _validate)
-    except ConfigError as err:
-        fail(PROG, err)
-    _main()
+    entry(PROG, "config", _validate, _main)
 
 
 if __name__ == "__main__":

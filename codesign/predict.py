@@ -10,7 +10,6 @@ point; infeasible points are summarised with their reasons.
 from __future__ import annotations
 
 import json
-import sys
 
 import hydra
 import numpy as np
@@ -18,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from arch_space.chip import stack
 from arch_space.errors import ConfigError
-from codesign.cli import CONF_DIR, fail, overridden_keys, precheck
+from codesign.cli import CONF_DIR, entry, fail, overridden_keys
 from codesign.recommend import pareto_frontier
 from codesign.schema import load_workload
 from arch_space.chip import Chip
@@ -130,11 +129,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    try:
-        precheck(sys.argv[1:], _validate, config_name="predict")
-    except ConfigError as err:
-        fail(PROG, err)
-    _main()
+    entry(PROG, "predict", _validate, _main)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from arch_space.errors import ConfigError
 from arch_space.validation import check_quantity
-from codesign.cli import CONF_DIR, fail, precheck
+from codesign.cli import CONF_DIR, entry, fail
 from codesign.fidelity import COLUMNS, Predictor, read_reference
 from serving.perf import ServingParams
 from sweeps.store import atomic_write_text
@@ -109,11 +108,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    try:
-        precheck(sys.argv[1:], _validate, config_name="validate")
-    except ConfigError as err:
-        fail(PROG, err)
-    _main()
+    entry(PROG, "validate", _validate, _main)
 
 
 if __name__ == "__main__":

@@ -253,6 +253,6 @@ def memory_code(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, seque
     return code.astype(jnp.int32), weights + kv
 
 
-__all__ = ["ServingParams", "Mapping", "Work", "kernel_times", "step_time", "power", "memory_code",
+__all__ = ["ServingParams", "Mapping", "Work", "kernel_times", "step_time", "power_capped", "step_energy", "memory_code",
            "allreduce_time", "alltoall_time", "allgather_time", "expected_experts", "ep_imbalance",
            "INFEASIBLE_REASONS", "ENERGY_PER_FLOP_RELATIVE", "GROUP_ATTENTION", "KIND_GEMM"]

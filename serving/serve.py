@@ -16,7 +16,6 @@ prefill tokens and streams the weights once for both. TTFT = the request's own p
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 
 import jax
 import jax.numpy as jnp
