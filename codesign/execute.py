@@ -1,61 +1,80 @@
 """``python -m codesign.execute workload=NAME [layers=2] [batch=[1,8]] [context=512]``: run on the real device.
 
 Runs the workload's own JAX model code (``serving.models.build_model``) on the local JAX device (the CPU, or a
-GPU / TPU when one is present) with random weights, at a reduced depth (the first ``layers`` decoder layers) and the
-model's real widths (hidden size, heads, FFN and expert widths; ``vocab=`` caps the vocabulary, ``experts=`` the
-routed experts, which are also capped, with a note, when the model would not fit the device's memory), and compares
-what it measures with what the kernel-level serving model (``serving/perf.py``) predicts for the same steps:
+GPU / TPU when one is present) with random weights (:func:`random_params`), at a reduced depth (the first
+``layers`` decoder layers) and the model's real widths (hidden size, heads, FFN and expert widths; ``vocab=`` caps
+the vocabulary, ``experts=`` the routed experts, which are also capped, with a note, when the model would not fit
+the device's memory), and compares what it measures with what the kernel-level serving model (``serving/perf.py``)
+predicts for the same steps:
 
-- **measured**: one decode step per batch size B at context C (a KV cache of C filled positions) and one prefill of
-  T tokens, each ``jax.jit``-compiled, run ``warmup`` times, then timed ``repeats`` times with ``block_until_ready``
-  (the median is reported). The KV cache is donated to the step (updated in place, as a serving engine does; XLA
-  would otherwise copy the whole cache every step). With ``kernels=true`` every kernel of the step (the named
-  scopes of ``serving/models/__init__.py``: ``layer_0/qkv_proj``, ``layer_0/attention``, ...) is also timed on its
-  own: the step's jaxpr is cut into runs of equations of one kernel, and each run is jitted and timed with the
-  step's real intermediate values as inputs (so routing, masks and cache contents are the step's own);
+- **measured**: one decode step per batch size B at context C (a KV cache of C filled positions, its length reset
+  every step) and one prefill of T tokens, each ``jax.jit``-compiled, run ``warmup`` times, then timed ``repeats``
+  times with ``block_until_ready``; the median is reported (``stat=min``: the fastest run, for every timing
+  including the micro-benchmarks, the steadier figure on a machine that other jobs share). The KV cache is donated
+  to the step (updated in place, as a serving engine does; XLA would otherwise copy the whole cache every step).
+  With ``kernels=true`` every kernel of the step (the named scopes of ``serving/models/__init__.py``:
+  ``layer_0/qkv_proj``, ``layer_0/attention``, ...) is also timed on its own: the step's jaxpr is cut into runs of
+  equations of one kernel (:func:`time_kernels`), and each run is jitted and timed on the step's own intermediate
+  values (so routing, masks and cache contents are the step's), a written cache again donated;
 - **predicted**: the same reduced-depth architecture (``dataclasses.replace`` on the preset's), its kernel table
   (``serving.kernel_table.build_kernel_table``) in the precision of the execution dtype (``fp32``: every tensor and
   the KV cache in float32; ``bf16`` for bfloat16), and ``serving.perf.step_time`` on one chip (``Mapping()``) for
   ``Work(decode_tokens=B, decode_queries=1, context=C)`` and ``Work(prefill_requests=1, prefill_len=T)``. Per kernel
-  class (GEMMs: the projections, dense FFN, router and lm_head; attention; MoE experts; other: embedding, norms) the
-  prediction is the sum of that class's ``kernel_times`` (x the kernel counts), the measurement the sum of the
-  isolated kernels of the class.
+  class (GEMMs: the projections, dense FFN, router and lm_head; attention; MoE experts; other: embedding, norms,
+  residual adds) the prediction is the sum of that class's ``kernel_times`` (x the kernel counts), the measurement
+  the sum of the class's kernels timed alone.
 
-The chip is the device itself, described from micro-benchmarks run in the same process (``device_chip``):
+The chip is the device itself, described from micro-benchmarks run in the same process (:func:`device_chip`):
 
-- ``bf16_flops_per_s``: the achieved rate of a large square matmul in the *execution* dtype (float32 on CPUs, which
-  is filed under the bf16 slot because serving.precision has no fp32 math dtype; the fp32 recipe computes its
-  matmuls "in bf16", i.e. at this rate). fp8 / int8 / fp4 are unset, so every math dtype falls back to it;
-- ``hbm_bandwidth_bytes_per_s``: the achieved rate of a weight-streaming GEMV, ``x[1, K] @ W[K, N]`` over
-  ``bench.stream_bytes`` of weights: decode's weight GEMMs are exactly this access pattern (a plain reduction such
-  as ``sum(W)`` streams differently and is reported for reference only);
-- SRAM: the last-level cache (CPU: the size sysfs reports; accelerators: an assumed 50 MiB) with the bandwidth of
+- ``bf16_flops_per_s``: the achieved rate of a large square matmul in the *execution* dtype (float32 on CPUs, filed
+  under the bf16 slot because serving.precision has no fp32 math dtype: the fp32 recipe computes its matmuls "in
+  bf16", i.e. at this rate). fp8 / int8 / fp4 are unset, so every math dtype falls back to it;
+- ``hbm_bandwidth_bytes_per_s``: the achieved rate of a weight-streaming GEMV ``x[1, K] @ W[K, N]`` over
+  ``bench.stream_bytes`` of weights, decode's weight-GEMM access pattern (a plain reduction ``sum(W)`` streams
+  differently and is reported for reference only);
+- SRAM: the last-level cache (CPU: the size sysfs reports; accelerators: an assumed 50 MiB) at the bandwidth of
   the same GEMV over a quarter of it, as a *cache* (``sram_explicit_fraction`` 0: it serves a step only when all of
   the step's weights and KV fit, and adds no capacity);
 - HBM capacity: the device's memory (CPU: MemTotal; accelerators: the allocator's limit);
 - one chip in its "scale-up domain"; link, power and energy figures are documented placeholders (``kind: assumed``):
   they enter power and energy, never ``step_time`` at ``Mapping()``.
 
-Serving parameters: ``conf/serving/default.yaml`` (the ``serving`` group) is loaded. With ``params=config`` it is
-used as is. With ``params=device`` (the default) the parameters that the micro-benchmarks already measure are
-replaced: the efficiency maxima (``gemm_`` / ``attention_`` / ``moe_efficiency_max``, ``memory_efficiency_max``)
-become 1, because the chip's math rate and bandwidth are *achieved* rates (a large matmul reaches e_max by
-definition, the GEMV stream the achievable bandwidth); applying the config's 0.6-0.85 on top would count the
-inefficiency twice. ``kernel_overhead_s`` becomes the measured cost of one more small kernel inside a jitted program
-and ``step_overhead_s`` the measured dispatch of a jitted call (the serving config's 4 us / 0.2 ms are GPU serving
-engine figures with sampling and scheduling, which this harness does not run). The shape terms (``*_rows_half``,
-``memory_bytes_half``) stay as configured: they are the serving model's claim under test.
+Serving parameters: ``conf/serving/default.yaml`` (the ``serving`` group) is loaded; ``params`` says which of its
+values the micro-benchmarks replace (every mode's prediction is in the JSON, the other modes' ratios under the
+table):
+
+- ``config``: none, the serving config as is;
+- ``rates``: the efficiency maxima (``gemm_`` / ``attention_`` / ``moe_efficiency_max``, ``memory_efficiency_max``)
+  become 1, because the chip's math rate and bandwidth are *achieved* rates (a large matmul reaches e_max by
+  definition, the GEMV stream the achievable bandwidth): the config's 0.6-0.85 on top would count the inefficiency
+  twice. ``kernel_overhead_s`` becomes the measured cost of one more small kernel inside a jitted program and
+  ``step_overhead_s`` the measured dispatch of a jitted call (the config's 4 us / 0.2 ms are GPU serving-engine
+  figures with sampling and scheduling, which this harness does not run);
+- ``run``: ``rates``, and the GEMM efficiency curve ``e_max x rows / (rows + rows_half)`` (also used for the
+  grouped MoE GEMMs, which run the same dots) fitted to a GEMM row sweep ``x[M, 4096] @ W[4096, N]`` (W half of
+  ``bench.stream_bytes``) over M = 1, 2, 4, ... up to the run's largest row count (:func:`fit_gemm_curve`: least
+  squares of log time of the serving model's own kernel time);
+- ``phase`` (default): as ``run``, with one curve for the decode steps (fitted to M = 1 .. 2 x the largest batch)
+  and one for the prefill (M = T/4 .. T). XLA:CPU needs this: a 1-row product runs as a bandwidth-bound GEMV,
+  products of 2-32 rows take a slow small-GEMM path (their time grows like M^0.6, not linearly) and from ~64 rows
+  the blocked GEMM approaches the square-matmul rate, which no single curve of the serving model's form follows
+  (the ``run`` fit's residuals and ratios show by how much). The fits use synthetic matrices, never the model's.
+
+The attention curve (``attention_rows_half``) and the memory ramp (``memory_bytes_half``) stay as configured in
+every mode: they are the serving model's claims under test.
 
 MoE experts (``moe_impl``): the model code multiplies the routed experts with ``jax.lax.ragged_dot``. On XLA:CPU
 (JAX 0.10) that primitive is lowered to a dense matmul over *all* E experts with a masked [E, rows, h] left operand,
 i.e. E times the FLOPs and every expert's weights read for every row; the serving model (like vLLM / MegaBlocks
 fused-MoE kernels) assumes a grouped GEMM over the touched experts. ``moe_impl=grouped`` (default) runs the same
 model code with ``jax.lax.ragged_dot`` replaced, for the executed steps only, by :func:`grouped_ragged_dot`, which
-multiplies each expert's rows by that expert's matrix tile by tile inside a ``while`` loop (same results);
-``moe_impl=native`` keeps the backend's own lowering. The kernel table is always traced from the unmodified model.
+multiplies each expert's rows by that expert's matrix tile by tile inside a ``while`` loop (same results; the
+kernel table is always traced from the unmodified model). XLA:CPU copies each dynamically indexed expert matrix
+before its dot, so the grouped kernel streams a touched expert at about half the GEMV rate (the ``expert-slice``
+micro-benchmark line); ``moe_impl=native`` keeps the backend's own lowering.
 
 Output: a table of measured vs predicted time per step and per kernel class (and the ratio predicted / measured),
-or one JSON object with ``format=json`` (also per kernel, with the predicted compute and memory times).
+or one JSON object with ``format=json`` (also per operation, with the predicted compute and memory times).
 """
 
 from __future__ import annotations
@@ -64,9 +83,9 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import os
 import platform as _platform
-import sys
 import time
 from pathlib import Path
 
@@ -76,12 +95,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from arch_space.errors import ConfigError
 from arch_space.validation import check_quantity
-from codesign.cli import CONF_DIR, fail, precheck
+from codesign.cli import CONF_DIR, entry, fail
 from codesign.schema import load_workload
 
 PROG = "codesign.execute"
 KEYS = ("workload", "serving", "hf_config", "layers", "vocab", "experts", "batch", "context", "prefill_tokens",
-        "repeats", "warmup", "exec_dtype", "moe_impl", "params", "kernels", "format", "seed", "bench")
+        "repeats", "warmup", "stat", "exec_dtype", "moe_impl", "params", "kernels", "format", "seed", "bench")
 BENCH_KEYS = ("matmul_size", "stream_bytes", "repeats")
 EXEC_DTYPES = ("auto", "float32", "bfloat16")
 PRECISION_OF = {"float32": "fp32", "bfloat16": "bf16"}
@@ -110,6 +129,7 @@ class Plan:
     seed: int
     experts_set: bool
     bench: dict
+    stat: str = "median"
 
 
 def _int(cfg, key, *, allow_zero=False, optional=False):
@@ -182,7 +202,7 @@ def _validate(cfg: dict, overridden=()) -> Plan:
     warmup = _int(cfg, "warmup", allow_zero=True)
     seed = _int(cfg, "seed", allow_zero=True)
     for key, options in (("exec_dtype", EXEC_DTYPES), ("moe_impl", ("grouped", "native")),
-                         ("params", PARAM_MODES), ("format", ("table", "json"))):
+                         ("params", PARAM_MODES), ("format", ("table", "json")), ("stat", STATS)):
         if cfg[key] not in options:
             raise ConfigError(key, f"must be one of {', '.join(options)}, got {cfg[key]!r}")
     if not isinstance(cfg["kernels"], bool):
@@ -197,11 +217,12 @@ def _validate(cfg: dict, overridden=()) -> Plan:
                                            optional=True),
              "stream_bytes": check_quantity(bench.get("stream_bytes"), "bench.stream_bytes", integer=True,
                                             optional=True),
-             "repeats": check_quantity(bench.get("repeats", 5), "bench.repeats", integer=True)}
+             "repeats": check_quantity(bench.get("repeats", 5), "bench.repeats", integer=True),
+             "stat": cfg["stat"]}
     return Plan(arch=reduced, full_arch=arch, params=params, notes=tuple(notes), batches=batches, context=context,
                 prefill_tokens=prefill, repeats=repeats, warmup=warmup, exec_dtype=cfg["exec_dtype"],
                 moe_impl=cfg["moe_impl"], params_mode=cfg["params"], kernels=cfg["kernels"], format=cfg["format"],
-                seed=seed, experts_set=experts is not None, bench=bench)
+                seed=seed, experts_set=experts is not None, bench=bench, stat=cfg["stat"])
 
 
 # ================================================================================================= the device
@@ -293,8 +314,15 @@ def _samples(fn, args, repeats: int, warmup: int = 1, fresh=None) -> np.ndarray:
     return np.asarray([once() for _ in range(repeats)])
 
 
-def _median(fn, args, repeats: int, warmup: int = 1, fresh=None) -> float:
-    return float(np.median(_samples(fn, args, repeats, warmup, fresh)))
+STATS = ("median", "min")
+
+
+def _stat(samples, stat: str) -> float:
+    return float(np.median(samples) if stat == "median" else np.min(samples))
+
+
+def _timed(fn, args, repeats: int, warmup: int = 1, fresh=None, stat: str = "median") -> float:
+    return _stat(_samples(fn, args, repeats, warmup, fresh), stat)
 
 
 def sweep_rows(batches, prefill_tokens) -> list[int]:
@@ -304,23 +332,25 @@ def sweep_rows(batches, prefill_tokens) -> list[int]:
     return sorted(rows)
 
 
-def microbenchmarks(dtype_name: str, info: dict, bench: dict, rows=(1,)) -> dict:
+def microbenchmarks(dtype_name: str, info: dict, bench: dict, rows=(1,), experts: bool = False) -> dict:
     """The device in the execution dtype: achieved square-matmul FLOP/s, GEMV weight-streaming bandwidth (and a
     reduction's, for reference), in-cache GEMV bandwidth, dispatch of a jitted call, the cost of one more small
-    kernel inside a jitted program, and a GEMM row sweep ``x[M, K] @ W[K, N]`` over ``rows``."""
+    kernel inside a jitted program, a GEMM row sweep ``x[M, K] @ W[K, N]`` over ``rows`` and, with ``experts``,
+    the streaming rate of GEMVs on dynamically indexed slices of a stacked weight (what the grouped MoE kernel
+    does; reported, not used by the prediction)."""
     import jax
     import jax.numpy as jnp
 
     dtype = jnp.dtype(dtype_name)
     item = dtype.itemsize
     cpu = info["platform"] == "cpu"
-    reps = bench["repeats"]
+    reps, st = bench["repeats"], bench.get("stat", "median")
     out = {}
     n = bench["matmul_size"] or (2048 if cpu else 8192)
     a = jnp.full((n, n), 0.5, dtype)
     b = jnp.full((n, n), 0.25, dtype)
     mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(dtype))
-    out["matmul_flops_per_s"] = 2.0 * n ** 3 / _median(mm, (a, b), reps)
+    out["matmul_flops_per_s"] = 2.0 * n ** 3 / _timed(mm, (a, b), reps, stat=st)
     out["matmul_shape"] = f"{n}x{n} @ {n}x{n} {dtype_name}"
     del a, b
     gemv = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32))
@@ -329,14 +359,14 @@ def microbenchmarks(dtype_name: str, info: dict, bench: dict, rows=(1,)) -> dict
     cols = max(stream // (k * item), 8)
     w = jnp.full((k, cols), 0.5, dtype)
     x = jnp.full((1, k), 0.5, dtype)
-    out["stream_bytes_per_s"] = w.nbytes / _median(gemv, (x, w), reps)
+    out["stream_bytes_per_s"] = w.nbytes / _timed(gemv, (x, w), reps, stat=st)
     out["stream_shape"] = f"1x{k} @ {k}x{cols} {dtype_name}"
     red = jax.jit(lambda w: jnp.sum(w, dtype=jnp.float32))
-    out["reduce_bytes_per_s"] = w.nbytes / _median(red, (w,), reps)
+    out["reduce_bytes_per_s"] = w.nbytes / _timed(red, (w,), reps, stat=st)
     del w
     small_cols = max(int(info["cache_bytes"] / 4) // (k * item), 8)
     w = jnp.full((k, small_cols), 0.5, dtype)
-    out["cache_bytes_per_s"] = w.nbytes / _median(gemv, (x, w), max(reps, 10))
+    out["cache_bytes_per_s"] = w.nbytes / _timed(gemv, (x, w), max(reps, 10), stat=st)
     out["cache_shape"] = f"1x{k} @ {k}x{small_cols} {dtype_name} ({w.nbytes / 2 ** 20:.0f} MiB)"
     del w
     one = jnp.ones((), jnp.float32)
@@ -361,10 +391,26 @@ def microbenchmarks(dtype_name: str, info: dict, bench: dict, rows=(1,)) -> dict
     sweep = []
     for m in rows:
         xm = jnp.full((m, kk), 0.5, dtype)
-        sweep.append((int(m), _median(gemv, (xm, w), reps)))
+        sweep.append((int(m), _timed(gemv, (xm, w), reps, stat=st)))
     out["gemm_sweep"] = {"k": kk, "n": nn, "dtype": dtype_name, "rows": [r for r, _ in sweep],
                          "seconds": [t for _, t in sweep]}
     del w
+    if experts:  # 8 of 16 stacked [4096, n] matrices, picked by traced indices inside one jitted loop
+        ne = max(stream // 2 // (16 * kk * item), 8)
+        stack = jnp.full((16, kk, ne), 0.5, dtype)
+        ids = jnp.arange(0, 16, 2, dtype=jnp.int32)
+        xe = jnp.full((1, kk), 0.5, dtype)
+
+        def picked(x, w, ids):
+            def body(i, acc):
+                we = jax.lax.dynamic_index_in_dim(w, ids[i], 0, keepdims=False)
+                return acc + jnp.dot(x, we, preferred_element_type=jnp.float32)
+            return jax.lax.fori_loop(0, 8, body, jnp.zeros((1, w.shape[2]), jnp.float32))
+
+        t = _timed(jax.jit(picked), (xe, stack, ids), reps, stat=st)
+        out["expert_slice_bytes_per_s"] = 8 * kk * ne * item / t
+        out["expert_slice_shape"] = f"1x{kk} @ [16, {kk}, {ne}][e] {dtype_name}, 8 experts"
+        del stack
     return out
 
 
@@ -408,7 +454,8 @@ def device_chip(info: dict, mb: dict, dtype_name: str):
     cpu = info["platform"] == "cpu"
     cores = info.get("cores", 1)
     measured = lambda what: {"kind": "measured", "source": f"codesign.execute micro-benchmark: {what}"}  # noqa
-    assumed = lambda why: {"kind": "assumed", "source": f"assumed ({why}); power and energy do not enter the step time"}  # noqa
+    assumed = lambda why: {"kind": "assumed",  # noqa: E731
+                           "source": f"assumed ({why}); power and energy do not enter the step time"}
     if cpu:
         power, idle = 8.0 * cores, 2.0 * cores
         p_src = f"8 W per core x {cores} cores (server x86 cores draw ~5-10 W each under AVX load), idle 25%"
@@ -658,7 +705,7 @@ def _runs(closed):
     return out
 
 
-def time_kernels(fn, args, repeats: int, warmup: int) -> dict:
+def time_kernels(fn, args, repeats: int, warmup: int, stat: str = "median") -> dict:
     """Every kernel of the step ``fn(*args)`` jitted and timed on its own, on the step's own intermediate values:
     {kernel name: seconds} (a kernel cut into several runs sums them)."""
     import jax
@@ -676,9 +723,45 @@ def time_kernels(fn, args, repeats: int, warmup: int) -> dict:
         copies = (lambda a: [jnp.copy(x) if i in donate else x for i, x in enumerate(a)]) if donate else None
         first = jitted(*(copies(vals) if copies else vals))
         env.update(zip(outs, first))
-        times[name] = times.get(name, 0.0) + _median(jitted, vals, repeats, warmup, fresh=copies)
+        times[name] = times.get(name, 0.0) + _timed(jitted, vals, repeats, warmup, fresh=copies, stat=stat)
         del first
     return times
+
+
+POOL = 1 << 24  # random values every weight leaf is cut from (64 MiB of float32)
+
+
+def random_params(model, key, dtype):
+    """Random weights in the tree ``model.init`` builds: N(0, 0.02^2) values (the GQA models' own recipe), norm
+    weights 1. Each leaf is a window at a random offset into one pool of ``POOL`` draws, tiled to the leaf's size
+    (leaves smaller than the pool, such as routers, biases and sinks, are distinct draws). Drawing billions of
+    normals takes minutes on a CPU and the models' one-computation ``init`` needs two to three times the weights
+    in memory at full width (gpt-oss-20b's two layers in float32, 10 GiB of weights, did not initialise in 23 GiB);
+    the values do not change the timing."""
+    import jax
+    import jax.numpy as jnp
+
+    k_pool, k_off = jax.random.split(key)
+    pool = 0.02 * jax.random.normal(k_pool, (POOL,), jnp.float32)
+    shapes = jax.eval_shape(functools.partial(model.init, dtype=dtype), key)
+    paths, tree = jax.tree_util.tree_flatten_with_path(shapes)
+    offsets = np.asarray(jax.random.randint(k_off, (len(paths),), 0, POOL))
+
+    @functools.partial(jax.jit, static_argnums=(2, 3))
+    def window(pool, off, shape, dt):
+        size = math.prod(shape)
+        reps = -(-size // POOL)
+        return jnp.tile(jnp.roll(pool, -off), reps)[:size].reshape(shape).astype(dt)
+
+    out = []
+    for off, (path, leaf) in zip(offsets, paths):
+        last = str(getattr(path[-1], "key", getattr(path[-1], "idx", "")))
+        if last.endswith("norm"):
+            out.append(jnp.ones(leaf.shape, leaf.dtype))
+        else:
+            out.append(window(pool, jnp.int32(off), tuple(leaf.shape), jnp.dtype(leaf.dtype)))
+        jax.block_until_ready(out[-1])
+    return jax.tree.unflatten(tree, out)
 
 
 def _random_cache(cache, key, dtype):
@@ -740,11 +823,11 @@ def measure_decode(model, params, batch: int, context: int, dtype, plan: Plan, k
         return logits, state["bufs"]
 
     t = _samples(lambda: once(), (), plan.repeats, plan.warmup)
-    out = {"phase": "decode", "batch": batch, "context": context, "measured_s": float(np.median(t)),
-           "measured_min_s": float(t.min())}
+    out = {"phase": "decode", "batch": batch, "context": context, "measured_s": _stat(t, plan.stat),
+           "measured_median_s": float(np.median(t)), "measured_min_s": float(t.min())}
     if plan.kernels:
         out["kernels_measured_s"] = time_kernels(model.decode, (params, tokens, rebuild(state["bufs"])),
-                                                 plan.repeats, plan.warmup)
+                                                 plan.repeats, plan.warmup, plan.stat)
     return out
 
 
@@ -764,11 +847,11 @@ def measure_prefill(model, params, tokens_n: int, dtype, plan: Plan, key) -> dic
         return logits, state["bufs"]
 
     t = _samples(lambda: once(), (), plan.repeats, plan.warmup)
-    out = {"phase": "prefill", "batch": 1, "tokens": tokens_n, "measured_s": float(np.median(t)),
-           "measured_min_s": float(t.min())}
+    out = {"phase": "prefill", "batch": 1, "tokens": tokens_n, "measured_s": _stat(t, plan.stat),
+           "measured_median_s": float(np.median(t)), "measured_min_s": float(t.min())}
     if plan.kernels:
         out["kernels_measured_s"] = time_kernels(model.prefill, (params, tokens, model.init_cache(1, tokens_n, dtype)),
-                                                 plan.repeats, plan.warmup)
+                                                 plan.repeats, plan.warmup, plan.stat)
     return out
 
 
@@ -846,7 +929,8 @@ def execute(plan: Plan) -> dict:
         notes.append("bfloat16 on XLA:CPU: matmuls are emulated and slow (exec_dtype=float32 is the CPU choice)")
     arch, fit_notes = fit_device(plan, dtype, info["free_memory_bytes"])
     notes += fit_notes
-    mb = microbenchmarks(dtype_name, info, plan.bench, sweep_rows(plan.batches, plan.prefill_tokens))
+    mb = microbenchmarks(dtype_name, info, plan.bench, sweep_rows(plan.batches, plan.prefill_tokens),
+                         experts=bool(arch.num_experts))
     fits = {name: fit_gemm_curve(mb, plan.params, lo, hi)
             for name, (lo, hi) in phase_rows(plan.batches, plan.prefill_tokens).items()}
     chip = device_chip(info, mb, dtype_name)
@@ -859,8 +943,7 @@ def execute(plan: Plan) -> dict:
     kt = build_kernel_table(arch, precision)  # traced from the unmodified model (no moe_kernel patch)
     model = build_model(arch)
     key = jax.random.key(plan.seed)
-    params = model.init(key, dtype)
-    jax.block_until_ready(params)
+    params = random_params(model, key, dtype)
     works = [("decode", b, Work(decode_tokens=float(b), decode_queries=1.0, context=float(plan.context),
                                 prefill_requests=0.0, prefill_len=0.0)) for b in plan.batches]
     works.append(("prefill", plan.prefill_tokens, Work(decode_tokens=0.0, decode_queries=1.0, context=0.0,
@@ -892,7 +975,7 @@ def execute(plan: Plan) -> dict:
         "moe_impl": plan.moe_impl if arch.num_experts else None,
         "device": info, "microbenchmarks": mb, "gemm_fits": fits, "chip": chip.to_dict(),
         "serving_params_mode": plan.params_mode, "serving_params_sources": params_for(plan.params_mode, "run")[1],
-        "repeats": plan.repeats, "warmup": plan.warmup,
+        "repeats": plan.repeats, "warmup": plan.warmup, "stat": plan.stat,
         "steps": steps, "notes": notes,
     }
 
@@ -918,6 +1001,9 @@ def format_table(r: dict) -> str:
              f"{mb['reduce_bytes_per_s'] / 1e9:.2f} GB/s) | cache {r['chip']['sram_capacity_bytes'] / 2 ** 20:.0f} MiB "
              f"at {r['chip']['sram_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s | dispatch {mb['dispatch_s'] * 1e6:.1f} us, "
              f"per kernel {mb['kernel_overhead_s'] * 1e6:.2f} us"]
+    if "expert_slice_bytes_per_s" in mb:
+        lines.append(f"expert-slice GEMV (the grouped MoE kernel's access): {mb['expert_slice_bytes_per_s'] / 1e9:.2f}"
+                     f" GB/s ({mb['expert_slice_shape']}) vs weight stream {mb['stream_bytes_per_s'] / 1e9:.2f} GB/s")
     sw = mb["gemm_sweep"]
     lines.append(f"GEMM row sweep x[M, {sw['k']}] @ [{sw['k']}, {sw['n']}]: M = "
                  + ", ".join(f"{m} {t * 1e3:.1f} ms" for m, t in zip(sw["rows"], sw["seconds"])))
@@ -928,7 +1014,7 @@ def format_table(r: dict) -> str:
                      f"{fit['gemm_efficiency_max']:.2f}, rows_half {fit['gemm_rows_half']:.1f}; fit pred/meas "
                      f"{min(ratios):.2f}..{max(ratios):.2f} (worst at M = {fit['rows'][worst]})")
     lines.append(f"serving params: {r['serving_params_mode']} ({MODE_TEXT[r['serving_params_mode']]}); measured: "
-                 f"median of {r['repeats']} runs after {r['warmup']} warm-up")
+                 f"{r['stat']} of {r['repeats']} runs after {r['warmup']} warm-up")
     head = ("step", "class", "measured ms", "predicted ms", "pred/meas")
     body = []
     for s in r["steps"]:
@@ -968,11 +1054,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def cli() -> None:
-    try:
-        precheck(sys.argv[1:], _validate, config_name="execute")
-    except ConfigError as err:
-        fail(PROG, err)
-    _main()
+    entry(PROG, "execute", _validate, _main)
 
 
 if __name__ == "__main__":

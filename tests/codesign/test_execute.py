@@ -60,23 +60,37 @@ def test_execute_table_on_a_tiny_moe():
     print(proc.stdout)
 
 
+def test_execute_rejects_bad_input_in_one_line():
+    proc = run("workload=llama3_8b", "layers=0", timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip() == "codesign.execute: error: layers: must be > 0, got 0"
+    assert proc.stdout == ""
+
+
 @pytest.mark.parametrize("argv,expect", [
-    (["layers=0"], "layers: must be > 0, got 0"),
     (["layers=33"], "layers: llama3_8b has 32 layers, got 33"),
-    (["vocab=200000"], "vocab: caps the vocabulary"),
+    (["layers=two"], "layers: expected a number, got 'two'"),
+    (["vocab=200000"], "vocab: caps the vocabulary: at most 128256 for llama3_8b, got 200000"),
     (["experts=4"], "experts: llama3_8b has no routed experts, got 4"),
+    (["workload=qwen3_30b_a3b", "experts=4"], "experts: must be between experts_per_token (8) and 128, got 4"),
     (["batch=[1,-2]"], "batch[1]: must be > 0, got -2"),
+    (["context=0"], "context: must be > 0, got 0"),
     (["exec_dtype=fp16"], "exec_dtype: must be one of auto, float32, bfloat16, got 'fp16'"),
     (["params=tuned"], "params: must be one of phase, run, rates, config, got 'tuned'"),
+    (["stat=mean"], "stat: must be one of median, min, got 'mean'"),
     (["serving.gemm_rows_half=-1"], "serving.gemm_rows_half: must be > 0, got -1"),
     (["+bench.size=3"], "bench.size: unknown key"),
+    (["+warp=1"], "warp: unknown key"),
     (["workload=nope"], "workload: unknown preset 'nope'"),
 ])
-def test_execute_rejects_bad_input_in_one_line(argv, expect):
-    proc = run(*argv, timeout=120)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("codesign.execute: error: ") and expect in proc.stderr, proc.stderr
+def test_execute_validates_its_config(argv, expect):
+    from arch_space.errors import ConfigError
+    from codesign.cli import precheck
+    from codesign.execute import _validate
+
+    with pytest.raises(ConfigError) as err:
+        precheck(argv, _validate, config_name="execute")
+    assert "\n" not in str(err.value) and expect in str(err.value), str(err.value)
 
 
 def test_grouped_ragged_dot_equals_ragged_dot():
