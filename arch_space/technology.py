@@ -4,9 +4,9 @@ A :class:`Generation` holds the figures that turn microarchitecture choices (com
 power rating) into a chip description (``design_space.py``): logic and SRAM density, energy per FLOP, HBM stack
 bandwidth / capacity / energy, reticle and package limits, wafer price, defect density, HBM and packaging cost, and
 the owned-TCO terms. Every figure carries a :class:`Provenance` (source and kind); the values come from
-``../shared/reference/technology.md`` (section numbers in each YAML's provenance). This is the first sketch of the
-roadmap (Gen 1 / Gen 2 / Gen 3 headline defaults of technology.md section 0); the full technology model with its
-ranges belongs to the sweeps work.
+``../shared/reference/technology.md`` (section numbers in each YAML's provenance). The YAMLs hold the headline
+defaults of technology.md section 0 per generation plus the ranges a design may choose within (HBM speed bins up to
+the fastest shipping or projected one, clock up to ``max_clock_scale``); ``design_space.py`` enforces them.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ class Generation:
     hbm_stack_bandwidth_bytes_per_s: float = quantity()
     hbm_stack_capacity_bytes: float = quantity()
     hbm_energy_j_per_bit: float = quantity()
+    hbm_stack_bandwidth_max_bytes_per_s: float = quantity(doc="fastest speed bin of the generation's HBM")
+    hbm_price_bandwidth_exponent: float = quantity(allow_zero=True, doc="stack price ~ (bandwidth / nominal)^x")
+    max_clock_scale: float = quantity(doc="highest clock / the nominal clock the array density is quoted at")
     max_hbm_stacks: int = quantity(integer=True)
     hbm_stacks_per_die_edge: int = quantity(integer=True, doc="stacks that fit along one long die edge")
     # --- package and system
@@ -81,6 +84,12 @@ class Generation:
         if gen.compute_die_area_m2 > gen.reticle_area_m2:
             raise ConfigError(f"{path}.compute_die_area_m2",
                               f"{gen.compute_die_area_m2} exceeds the reticle ({gen.reticle_area_m2})")
+        if gen.hbm_stack_bandwidth_max_bytes_per_s < gen.hbm_stack_bandwidth_bytes_per_s:
+            raise ConfigError(f"{path}.hbm_stack_bandwidth_max_bytes_per_s",
+                              f"{gen.hbm_stack_bandwidth_max_bytes_per_s} is below the nominal "
+                              f"{gen.hbm_stack_bandwidth_bytes_per_s}")
+        if gen.max_clock_scale < 1:
+            raise ConfigError(f"{path}.max_clock_scale", f"must be >= 1 (1 = the nominal clock), got {gen.max_clock_scale}")
         if gen.static_power_fraction >= 1:
             raise ConfigError(f"{path}.static_power_fraction", f"must be < 1, got {gen.static_power_fraction}")
         return dataclasses.replace(gen, provenance=prov)

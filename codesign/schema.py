@@ -47,6 +47,7 @@ class SweepConfig:
     max_in_flight: int = quantity(integer=True, default=4)
     max_retries: int = quantity(integer=True, allow_zero=True, default=3)
     mappings: tuple[str, ...] | None = None  # names to keep (e.g. [tp1, tp2, dep8]); null: every enumerated one
+    keep: str = choice(("all", "frontier"), default="all")  # operating points stored per design
     progress: bool = True
 
     @classmethod

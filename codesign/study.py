@@ -28,7 +28,7 @@ from sweeps.runner import DesignSet, SharedInputs, init_ray, run_sweep
 from sweeps.store import ResultStore, atomic_write_table
 
 # Bump when the evaluation changes what it computes for the same inputs: part of every sweep's identity.
-MODEL_VERSION = "serving-v1"
+MODEL_VERSION = "serving-v2"  # v2: clock and HBM speed-bin axes in every design
 MODEL_NOTE = ("kernel-level serving model over the traced operator graph (serving/serve.py) with the serving "
               "parameters of conf/serving (the default, calibrated.yaml, is fitted to measured_calibration.csv: see "
               "its median and p90 errors under Assumptions); differences between designs are more reliable than "
@@ -51,7 +51,7 @@ def preset_designs(study: Study) -> DesignSet:
 
 
 def candidate_designs(study: Study) -> list[DesignSet]:
-    grid = study.space.grid()
+    grid = study.space.points()
     out = []
     for gname, gen in study.generations.items():
         d = derive_chips(gen, grid, max_chip_cost_usd=study.space.max_chip_cost_usd, name=gname)
@@ -85,6 +85,7 @@ def sweep_definition(study: Study, design_sets: list[DesignSet]) -> dict:
         "model_version": MODEL_VERSION,
         "workload": raw["workload"], "precision": raw["precision"], "scenario": raw["scenario"],
         "serving": raw["serving"], "mappings": [mapping_name(m) for m in study_mappings(study)],
+        "keep": study.sweep.keep,
         "generations": raw["generation"],
         "presets": {ds_name: {f: float(getattr(c, f)) for f in NUMERIC_FIELDS}
                     for ds_name, c in [(c.name, c) for c in [study.hardware, *study.competitors]]},
@@ -117,7 +118,8 @@ def run_study(study: Study, run_dir: Path, *, log=print) -> dict[str, Path]:
     shared = SharedInputs(workload=study.workload.name, precision=study.precision.name,
                           scenario=study.scenario.name, kernels=kernels, params=study.serving,
                           scenario_spec=study.scenario, mappings=stack_mappings(study_mappings(study)),
-                          concurrency=np.asarray(study.scenario.concurrency, dtype=np.float32))
+                          concurrency=np.asarray(study.scenario.concurrency, dtype=np.float32),
+                          keep=study.sweep.keep)
     store = ResultStore(Path(study.sweep.output_dir).resolve(), sweep_definition(study, design_sets))
     try:
         counts = run_sweep(design_sets, shared, store, batch_size=study.sweep.batch_size,

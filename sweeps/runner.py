@@ -62,7 +62,35 @@ class SharedInputs:
     scenario_spec: object  # serving.scenario.Scenario (static under jit)
     mappings: object  # serving.perf.Mapping with [M] leaves
     concurrency: np.ndarray
+    keep: str = "all"  # "all" operating points, or each design's "frontier" (see frontier_mask)
     pad_to: int = 0  # evaluate batches padded to this many designs: one compiled shape per worker
+
+
+KEEP = ("all", "frontier")
+
+
+def frontier_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """[N, P] -> bool [N, P]: the points of each design (row) that no other point of that design beats on both
+    interactivity ``x`` and throughput ``y`` (NaN = infeasible, never kept; of exact duplicates the first is kept,
+    as ``codesign.recommend.pareto_frontier`` does). Per-chip, per-kW (rating) and per-$ throughput differ from
+    ``total_tok_s_per_chip`` by a per-design constant, so this one frontier holds every point a selection on those
+    objectives can use (the InferenceX frontier). O(P log P) per row: sort by x descending (ties: y descending),
+    keep the points whose y beats every point before them (Kung et al. 1975 for two objectives)."""
+    ok = np.isfinite(x) & np.isfinite(y)
+    xi, yi = np.where(ok, x, -np.inf), np.where(ok, y, -np.inf)
+    order = np.lexsort((-yi, -xi), axis=-1)
+    ys = np.take_along_axis(yi, order, axis=-1)
+    best_before = np.concatenate([np.full((len(x), 1), -np.inf), np.maximum.accumulate(ys, axis=-1)[:, :-1]], 1)
+    keep_sorted = ys > best_before
+    out = np.zeros(x.shape, bool)
+    np.put_along_axis(out, order, keep_sorted, axis=-1)
+    return out & ok
+
+
+def _bucket(n: int, cap: int) -> int:
+    """Pad a batch's feasible designs to a power of two (at least 64, at most the batch size): a handful of
+    compiled shapes per worker instead of one per batch, and little work spent on padding."""
+    return min(max(64, 1 << max(n - 1, 0).bit_length()), max(cap, n))
 
 
 def _padded(chips: Chip, n: int, pad_to: int) -> Chip:
@@ -83,21 +111,31 @@ def evaluate_rows(shared: SharedInputs, ds: DesignSet) -> pa.Table:
     cols: dict[str, list | np.ndarray] = {}
     if len(ok):
         sub = ds.take(ok)
-        out = evaluate_grid(_padded(sub.chips, len(ok), shared.pad_to), shared.kernels, shared.params,
+        pad = _bucket(len(ok), shared.pad_to) if shared.pad_to else 0
+        out = evaluate_grid(_padded(sub.chips, len(ok), pad), shared.kernels, shared.params,
                             shared.scenario_spec, mp, shared.concurrency)
         out = {k: np.asarray(v)[:len(ok)] for k, v in out.items()}
         n_rows = len(ok) * m * c
-        rep = np.repeat(np.arange(len(ok)), m * c)
-        midx = np.tile(np.repeat(np.arange(m), c), len(ok))
+        code = out["infeasible_code"].reshape(n_rows)
+        sel = np.arange(n_rows)
+        if shared.keep == "frontier":
+            x = np.where(code == 0, out["interactivity_tok_s_user"].reshape(n_rows), np.nan).reshape(len(ok), m * c)
+            y = out["total_tok_s_per_chip"].reshape(len(ok), m * c)
+            keep = frontier_mask(x, y)
+            none = ~keep.any(axis=1)
+            keep[none, 0] = True  # a design with no feasible point keeps one row: why (its first point's reason)
+            sel = np.flatnonzero(keep.reshape(n_rows))
+        rep = np.repeat(np.arange(len(ok)), m * c)[sel]
+        midx = np.tile(np.repeat(np.arange(m), c), len(ok))[sel]
         cols["mapping"] = [names[i] for i in midx]
         for f in ("tp", "dp", "ep", "pp"):
             cols[f] = np.asarray(np.atleast_1d(getattr(mp, f)), dtype=np.int64)[midx]
-        cols["concurrency"] = np.tile(shared.concurrency, len(ok) * m).astype(np.int64)
-        code = out["infeasible_code"].reshape(n_rows)
+        cols["concurrency"] = np.tile(shared.concurrency, len(ok) * m).astype(np.int64)[sel]
+        code = code[sel]
         cols["feasible"] = code == 0
         cols["reason"] = [INFEASIBLE_REASONS.get(int(k), "") for k in code]
         for k in METRICS:
-            v = out[k].reshape(n_rows).astype(np.float64)
+            v = out[k].reshape(n_rows)[sel].astype(np.float64)
             cols[k] = v if k in ("hbm_used_bytes", "chips") else np.where(code == 0, v, np.nan)
         base = sub
     else:
@@ -175,8 +213,11 @@ def _evaluate_and_store(store_root_parent: str, definition: dict, shared: Shared
 
 
 def run_sweep(design_sets: list[DesignSet], shared: SharedInputs, store: ResultStore, *, batch_size: int,
-              max_in_flight: int, max_retries: int = 3, progress: bool = True) -> dict:
-    """Evaluate every design without rows yet; return counts. Ray must already be initialised."""
+              max_in_flight: int, max_retries: int = 3, progress: bool = True, task=None, on_batch=None) -> dict:
+    """Evaluate every design without rows yet; return counts. Ray must already be initialised.
+
+    ``task`` replaces the Ray task body (same signature as ``_evaluate_and_store``; tests inject faults with it) and
+    ``on_batch(done_designs)`` is called on the driver after each finished batch."""
     import ray
 
     store.open()
@@ -189,18 +230,25 @@ def run_sweep(design_sets: list[DesignSet], shared: SharedInputs, store: ResultS
             batches.append(ds.take(order[s:s + batch_size]))
     total = sum(len(b) for b in batches)
     bar = Progress(total, enabled=progress and total > 0)
-    remote = ray.remote(max_retries=max_retries, retry_exceptions=False)(_evaluate_and_store)
+    remote = ray.remote(max_retries=max_retries, retry_exceptions=False)(task or _evaluate_and_store)
     shared_ref = ray.put(shared)
     parent = str(store.root.parent)
     pending = []
+
+    def drain():
+        nonlocal pending
+        ready, pending = ray.wait(pending, num_returns=1)
+        n = sum(ray.get(ready))
+        bar.update(n)
+        if on_batch is not None:
+            on_batch(bar.done)
+
     for b in batches:
         if len(pending) >= max_in_flight:
-            ready, pending = ray.wait(pending, num_returns=1)
-            bar.update(sum(ray.get(ready)))
+            drain()
         pending.append(remote.remote(parent, store.definition, shared_ref, b))
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1)
-        bar.update(sum(ray.get(ready)))
+        drain()
     return {"evaluated_designs": total, "batches": len(batches), "sweep_id": store.sweep_id}
 
 
