@@ -1,4 +1,4 @@
-"""``python -m codesign.bench suite=serving``: throughput of the vectorised serving model, as ``name: value`` lines.
+"""``python -m codesign.bench suite=serving|sweeps``: throughput figures, as ``name: value`` lines.
 
 suite=serving: a batch of ``designs`` Gen 2 candidate chips (random points of the design space, mapped through
 the technology model) on one workload and scenario, every mapping and concurrency, evaluated by the jit-compiled,
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from pathlib import Path
 
 import hydra
 import numpy as np
@@ -23,9 +24,9 @@ from arch_space.validation import check_quantity
 from codesign.cli import CONF_DIR, entry, fail
 
 PROG = "codesign.bench"
-SUITES = ("serving",)
-KEYS = ("workload", "precision", "scenario", "serving", "technology", "hf_config", "suite", "designs", "loop_designs",
-        "repeats", "seed")
+SUITES = ("serving", "sweeps")
+KEYS = ("workload", "precision", "scenario", "serving", "technology", "space", "hf_config", "suite", "designs",
+        "loop_designs", "repeats", "seed", "scaling_designs", "sweep_designs", "batch_size", "workers")
 
 
 def _validate(cfg: dict, overridden=()):
@@ -40,14 +41,24 @@ def _validate(cfg: dict, overridden=()):
             raise ConfigError(k, f"unknown key (known: {', '.join(KEYS)})")
     if cfg["suite"] not in SUITES:
         raise ConfigError("suite", f"must be one of {', '.join(SUITES)}, got {cfg['suite']!r}")
-    for k in ("designs", "loop_designs", "repeats"):
+    from arch_space.design_space import DesignSpace
+
+    for k in ("designs", "loop_designs", "repeats", "scaling_designs", "sweep_designs", "batch_size", "workers"):
         check_quantity(cfg[k], k, integer=True)
     check_quantity(cfg["seed"], "seed", integer=True, allow_zero=True)
-    return dict(arch=load_workload(cfg), precision=Precision.from_dict(cfg["precision"], "precision"),
-                scenario=Scenario.from_dict(cfg["scenario"], "scenario"),
-                params=ServingParams.from_dict(cfg["serving"], "serving"),
-                gen=Generation.from_dict(cfg["technology"], "technology"), designs=int(cfg["designs"]),
-                loop_designs=int(cfg["loop_designs"]), repeats=int(cfg["repeats"]), seed=int(cfg["seed"]))
+    common = dict(arch=load_workload(cfg), precision=Precision.from_dict(cfg["precision"], "precision"),
+                  scenario=Scenario.from_dict(cfg["scenario"], "scenario"),
+                  params=ServingParams.from_dict(cfg["serving"], "serving"),
+                  gen=Generation.from_dict(cfg["technology"], "technology"), seed=int(cfg["seed"]))
+    if cfg["suite"] == "serving":
+        return "serving", common | dict(designs=int(cfg["designs"]), loop_designs=int(cfg["loop_designs"]),
+                                        repeats=int(cfg["repeats"]))
+    space = DesignSpace.from_dict(cfg["space"], "space")
+    if space.sampler == "grid":
+        raise ConfigError("space", f"suite=sweeps samples its designs: pick a sobol or lhs space, got {space.name!r}")
+    return "sweeps", common | dict(space=space, scaling_designs=int(cfg["scaling_designs"]),
+                                   sweep_designs=int(cfg["sweep_designs"]), batch_size=int(cfg["batch_size"]),
+                                   workers=int(cfg["workers"]))
 
 
 def random_designs(gen, n: int, seed: int):
@@ -116,13 +127,138 @@ def bench_serving(arch, precision, scenario, params, gen, designs, loop_designs,
             "speedup": round(vec / loop, 1)}
 
 
+class PeakRSS:
+    """Peak resident memory of this process plus all its descendants (the embedded Ray's GCS, raylet and workers),
+    sampled on a background thread."""
+
+    def __init__(self, every_s: float = 0.2):
+        import threading
+
+        self.peak, self.every_s, self._stop = 0, every_s, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> int:
+        import psutil  # a dependency of ray
+
+        me = psutil.Process()
+        total = 0
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:  # a process that exited between listing and reading
+                pass
+        return total
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._sample())
+            self._stop.wait(self.every_s)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._sample())
+
+
+def _sample_designs(space, gen, n: int, seed: int):
+    import dataclasses
+
+    from arch_space.design_space import derive_chips, design_ids
+    from sweeps.runner import DesignSet
+
+    pts = dataclasses.replace(space, samples=n, seed=seed).points()
+    d = derive_chips(gen, pts, name=gen.name)
+    ids = design_ids(gen.name, pts)
+    return DesignSet(generation=gen.name, design_id=ids, name=ids, kind=["candidate"] * n, chips=d.chips,
+                     feasible=d.feasible, reason=d.reason, params=d.params, extra={"chip_cost_usd": d.chip_cost_usd})
+
+
+def bench_sweeps(arch, precision, scenario, params, gen, space, scaling_designs, sweep_designs, batch_size, workers,
+                 seed) -> dict:
+    import shutil
+    import tempfile
+
+    import ray
+
+    from serving.kernel_table import build_kernel_table
+    from serving.mappings import enumerate_mappings
+    from serving.serve import stack_mappings
+    from sweeps.runner import SharedInputs, init_ray, run_sweep
+    from sweeps.store import ResultStore
+
+    import warnings
+
+    # Ray starts its processes by fork + exec after JAX has threads; exec replaces the child at once, so the
+    # deadlock the warning is about cannot happen (study.py starts Ray before JAX and never sees it)
+    warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
+    kt = build_kernel_table(arch, precision)
+    maps = enumerate_mappings(arch, scenario.max_chips)
+    conc = np.asarray(scenario.concurrency, np.float32)
+    shared = SharedInputs(workload=arch.name, precision=precision.name, scenario=scenario.name, kernels=kt,
+                          params=params, scenario_spec=scenario, mappings=stack_mappings(maps), concurrency=conc,
+                          keep="frontier")
+    points = len(maps) * len(conc)
+    out = {"workload": arch.name, "scenario": scenario.name, "technology": gen.name, "space": space.name,
+           "mappings": len(maps), "concurrencies": len(conc), "batch_size": batch_size,
+           "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+           "machine": f"{platform.machine()} {platform.processor() or ''}".strip()}
+    tmp = Path(tempfile.mkdtemp(prefix="codesign-bench-"))
+    try:
+        scaling = _sample_designs(space, gen, scaling_designs, seed)
+        for w in (1, 2):
+            init_ray(None, w)
+            warm = scaling.take(range(min(len(scaling), batch_size * w)))  # compile in every worker first
+            run_sweep([warm], shared, ResultStore(tmp / f"warm{w}", {"bench": "warm", "w": w}),
+                      batch_size=batch_size, max_in_flight=2 * w, progress=False)
+            t0 = time.perf_counter()
+            run_sweep([scaling], shared, ResultStore(tmp / f"scaling{w}", {"bench": "scaling", "w": w}),
+                      batch_size=batch_size, max_in_flight=2 * w, progress=False)
+            dt = time.perf_counter() - t0
+            ray.shutdown()
+            name = "1_worker" if w == 1 else "2_workers"
+            out[f"scaling_{name}_wall_s"] = round(dt, 2)
+            out[f"evals_per_s_{name}"] = round(int(scaling.feasible.sum()) * points / dt)
+        out["scaling_designs"] = len(scaling)
+        out["scaling_feasible_designs"] = int(scaling.feasible.sum())
+        out["scaling"] = round(out["evals_per_s_2_workers"] / out["evals_per_s_1_worker"], 2)
+        with PeakRSS() as mem:
+            t0 = time.perf_counter()
+            init_ray(None, workers)
+            t_ray = time.perf_counter() - t0
+            big = _sample_designs(space, gen, sweep_designs, seed + 1)
+            t_designs = time.perf_counter() - t0 - t_ray
+            store = ResultStore(tmp / "sweep_1m", {"bench": "1m", "n": sweep_designs})
+            counts = run_sweep([big], shared, store, batch_size=batch_size, max_in_flight=2 * workers, progress=True)
+            wall = time.perf_counter() - t0
+            ray.shutdown()
+        parts = store.parts()
+        import pyarrow.parquet as pq
+
+        rows = sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
+        out.update({"sweep_1m_designs": counts["evaluated_designs"], "sweep_1m_workers": workers,
+                    "sweep_1m_feasible_designs": int(big.feasible.sum()),
+                    "sweep_1m_evaluations": int(big.feasible.sum()) * points,
+                    "sweep_1m_rows_stored": rows, "sweep_1m_parts": len(parts),
+                    "sweep_1m_store_bytes": sum(p.stat().st_size for p in parts),
+                    "sweep_1m_ray_start_s": round(t_ray, 2), "sweep_1m_design_generation_s": round(t_designs, 2),
+                    "sweep_1m_wall_s": round(wall, 1), "sweep_1m_peak_rss_bytes": mem.peak})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="bench")
 def _main(cfg: DictConfig) -> None:
     try:
         args = _validate(OmegaConf.to_container(cfg, resolve=True))
     except ConfigError as err:
         fail(PROG, err)
-    result = bench_serving(**args)
+    suite, kwargs = args
+    result = bench_serving(**kwargs) if suite == "serving" else bench_sweeps(**kwargs)
     for k, v in result.items():
         print(f"{k}: {v}")
 
