@@ -36,7 +36,7 @@ def test_describe_from_a_hugging_face_config(tmp_path):
     ("codesign.describe", ["workload=nope"], "workload: unknown preset 'nope'"),
     ("codesign.predict", ["hardware=nope"], "hardware: unknown preset 'nope'"),
     ("codesign.predict", ["format=xml"], "format: must be table or json, got 'xml'"),
-    ("codesign.bench", ["suite=gpus"], "suite: must be one of serving, got 'gpus'"),
+    ("codesign.bench", ["suite=gpus"], "suite: must be one of serving, sweeps, got 'gpus'"),
 ])
 def test_commands_reject_bad_input_in_one_line(module, argv, expect):
     proc = run(module, *argv)
@@ -71,3 +71,21 @@ def test_bench_prints_name_value_lines():
     lines = dict(ln.split(": ", 1) for ln in proc.stdout.strip().splitlines())
     for key in ("vectorized_evals_per_s_per_core", "loop_evals_per_s_per_core", "speedup"):
         assert float(lines[key]) > 0
+
+
+@pytest.mark.slow
+def test_bench_sweeps_prints_the_issue_figures():
+    proc = run("codesign.bench", "suite=sweeps", "scaling_designs=1024", "sweep_designs=2048", "batch_size=512",
+               "workload=llama3_8b", "precision=fp8", "scenario=inferencex_1k1k")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(ln.split(": ", 1) for ln in proc.stdout.strip().splitlines())
+    for key in ("evals_per_s_1_worker", "evals_per_s_2_workers", "scaling", "sweep_1m_wall_s",
+                "sweep_1m_peak_rss_bytes"):
+        assert float(lines[key]) > 0, key
+    assert int(lines["sweep_1m_designs"]) == 2048 and int(lines["sweep_1m_rows_stored"]) > 0
+
+
+def test_bench_sweeps_needs_a_sampled_space():
+    proc = run("codesign.bench", "suite=sweeps", "space=smoke")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("codesign.bench: error: space: suite=sweeps samples")
