@@ -122,10 +122,11 @@ def ep_imbalance(tokens, k, ep):
     """Busiest / mean EP-rank load for uniform routing: Gaussian max bound mu + sigma sqrt(2 ln ep) over the mean
     (as serving/graph_parallel.load_imbalance with skew 0)."""
     n = jnp.maximum(tokens * k, 1e-9)
-    q = 1.0 / ep
+    ep_safe = jnp.where(ep > 1.0, ep, 2.0)  # the ep = 1 branch is discarded, but its sqrt(0) would NaN the gradient
+    q = 1.0 / ep_safe
     mu = n * q
     sigma = jnp.sqrt(n * q * (1.0 - q))
-    return jnp.where(ep > 1.0, 1.0 + sigma * jnp.sqrt(2.0 * jnp.log(jnp.maximum(ep, 1.0))) / mu, 1.0)
+    return jnp.where(ep > 1.0, 1.0 + sigma * jnp.sqrt(2.0 * jnp.log(ep_safe)) / mu, 1.0)
 
 
 def causal_pairs(t, cap):

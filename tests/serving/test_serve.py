@@ -277,3 +277,17 @@ def test_sram_placement_knob_explicit_versus_cache():
     for frac, expect in ((0.0, 2), (1.0, 0)):
         c = chip(sram_capacity_bytes=1e11, sram_explicit_fraction=frac)
         assert int(evaluate_point(c, kt70, DEFAULT, sc, Mapping(), 1.0)["infeasible_code"]) == expect
+
+
+def test_ep_imbalance_gradient_is_finite_without_expert_parallelism():
+    # ep = 1: the imbalance is identically 1, so its derivative in the token count is exactly 0 (not NaN, which
+    # would poison every gradient of a dense or TP-only mapping through jnp.where)
+    import jax
+
+    from serving.perf import ep_imbalance
+
+    assert float(jax.grad(lambda t: ep_imbalance(t, 4.0, 1.0))(10.0)) == 0.0
+    g8 = float(jax.grad(lambda t: ep_imbalance(t, 4.0, 8.0))(10.0))
+    h = 1e-2
+    fd = (float(ep_imbalance(10.0 + h, 4.0, 8.0)) - float(ep_imbalance(10.0 - h, 4.0, 8.0))) / (2 * h)
+    assert g8 == pytest.approx(fd, rel=1e-3)
