@@ -28,7 +28,8 @@ def _validate(cfg: dict, overridden: tuple[str, ...]):
     from codesign.study import study_mappings
 
     study = load_study(cfg, overridden=overridden)
-    study_mappings(study)  # named mappings must exist for this workload
+    for arch in study.workloads:
+        study_mappings(study, arch)  # named mappings must exist for every workload of the mix
     return study
 
 

@@ -5,17 +5,50 @@ parallel mapping) and compares systems on the upper-right frontier. Here:
 
 - :func:`pareto_frontier` keeps the points no other point beats on both interactivity and throughput;
 - :func:`value_at` reads a frontier at a target interactivity by linear interpolation between the two frontier
-  points around it (NaN when the design cannot reach that interactivity);
-- :func:`design_values` does that for every design of a table, and :func:`recommend` ranks the candidates of
-  each generation at every target and computes their gains over the baseline and the competitors.
+  points around it (NaN when the design cannot reach that interactivity); :func:`frontier_interp` reads any other
+  column along the same frontier (the E2E latency of the operating points the frontier is made of);
+- :func:`design_values` does that for every (design, workload) of a table: the objective, tokens/s per chip, per
+  kW of rating, per $ and the E2E latency at every target;
+- :func:`recommend` selects, per generation and interactivity target, the designs that are Pareto-optimal over the
+  workloads of a weighted mix (a design that cannot reach the target on a workload is dominated there), ranks them
+  by a weighted geometric mean of their ratio to the baseline, picks the most robust one (best worst-case ratio
+  across the mix) and keeps what the comparison with the baseline and the competitors needs
+  (:meth:`Recommendation.gain`, :func:`generation_gains`).
+
+Everything works from each design's frontier rows alone (what big sweeps store): a frontier of the frontier is the
+frontier. Design-space axes are discovered from the ``design_*`` columns, never listed here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pyarrow as pa
+
+# Objectives the selection can rank on: a result column (higher is better) or a derived one.
+DERIVED = {"tok_per_usd": "usd_per_mtok", "tok_per_joule": "joules_per_token"}
+OBJECTIVE_LABEL = {
+    "total_tok_s_per_kw": "total tokens/s per kW of chip rating",
+    "total_tok_s_per_chip": "total tokens/s per chip",
+    "output_tok_s_per_chip": "output tokens/s per chip",
+    "total_tok_s_per_sustained_kw": "total tokens/s per sustained kW",
+    "total_tok_s_per_allin_kw": "total tokens/s per all-in kW",
+    "tok_per_usd": "tokens per $",
+    "tok_per_joule": "tokens per J",
+}
+# The comparison metrics (generation over generation): key -> (label, unit, higher is better)
+GAIN_METRICS = {
+    "per_chip": ("tokens/s per chip", "tok/s", True),
+    "per_kw": ("tokens/s per kW (chip rating)", "tok/s/kW", True),
+    "per_usd": ("tokens per $", "tok/$", True),
+    "chain_latency": ("agent-chain latency", "s", False),
+}
+COST_NOTE = ("tokens per $ = 1e6 / ($ per M tokens) at the matched point; presets' $ are rental prices "
+             "(chip_rental_usd_per_s) while candidates' are owned TCO (capex over its life plus energy), so "
+             "per-$ gains of candidates over presets compare an owned cost with a rented one")
+X = "interactivity_tok_s_user"
 
 
 def pareto_frontier(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -25,12 +58,21 @@ def pareto_frontier(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     if not len(ok):
         return ok
     order = ok[np.lexsort((-y[ok], -x[ok]))]  # x descending, ties: larger y first
-    keep, best = [], -np.inf
-    for i in order:
-        if y[i] > best:
-            keep.append(i)
-            best = y[i]
+    ys = y[order]
+    best_before = np.r_[-np.inf, np.maximum.accumulate(ys)[:-1]]
+    keep = order[ys > best_before]
     return np.asarray(keep[::-1], dtype=np.int64)
+
+
+def _interp(fx: np.ndarray, fz: np.ndarray, target: float) -> float:
+    """Linear interpolation along a frontier with increasing x; the first point below it, NaN above its end."""
+    if not len(fx) or not np.isfinite(target) or target > fx[-1]:
+        return float("nan")
+    if target <= fx[0]:
+        return float(fz[0])
+    j = int(np.searchsorted(fx, target))
+    t = (target - fx[j - 1]) / (fx[j] - fx[j - 1])
+    return float(fz[j - 1] + t * (fz[j] - fz[j - 1]))
 
 
 def value_at(x: np.ndarray, y: np.ndarray, target: float) -> float:
@@ -38,22 +80,49 @@ def value_at(x: np.ndarray, y: np.ndarray, target: float) -> float:
     idx = pareto_frontier(x, y)
     if not len(idx):
         return float("nan")
-    fx, fy = np.asarray(x, float)[idx], np.asarray(y, float)[idx]
-    if target > fx[-1]:
+    return _interp(np.asarray(x, float)[idx], np.asarray(y, float)[idx], target)
+
+
+def frontier_interp(x: np.ndarray, y: np.ndarray, z: np.ndarray, target: float) -> float:
+    """Column ``z`` read along the (x, y) frontier at interactivity ``target`` (as :func:`value_at` reads y)."""
+    idx = pareto_frontier(x, y)
+    if not len(idx):
         return float("nan")
-    if target <= fx[0]:
-        return float(fy[0])
-    j = int(np.searchsorted(fx, target))
-    t = (target - fx[j - 1]) / (fx[j] - fx[j - 1])
-    return float(fy[j - 1] + t * (fy[j] - fy[j - 1]))
+    return _interp(np.asarray(x, float)[idx], np.asarray(z, float)[idx], target)
 
 
 def columns(table: pa.Table, names) -> dict[str, np.ndarray]:
     return {n: table.column(n).to_numpy(zero_copy_only=False) for n in names}
 
 
+def _col(table: pa.Table, name: str, dtype=float) -> np.ndarray:
+    if name in table.column_names:
+        v = table.column(name).to_numpy(zero_copy_only=False)
+        return v.astype(dtype) if dtype is not None else v
+    return np.full(table.num_rows, np.nan)
+
+
+def objective_values(table: pa.Table, objective: str) -> np.ndarray:
+    """The objective per row, higher is better (``tok_per_usd`` = 1e6 / usd_per_mtok, ``tok_per_joule``)."""
+    if objective in DERIVED:
+        src = _col(table, DERIVED[objective])
+        scale = 1e6 if objective == "tok_per_usd" else 1.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(src > 0, scale / src, np.nan)
+    if objective not in table.column_names:
+        raise KeyError(f"objective {objective!r} is not a result column (columns: {', '.join(table.column_names)})")
+    return _col(table, objective)
+
+
+def design_axes(table_or_names) -> list[str]:
+    """The design-space axes present: every ``design_<axis>`` column (``design_id`` excepted)."""
+    names = table_or_names.column_names if isinstance(table_or_names, pa.Table) else list(table_or_names)
+    return [n[len("design_"):] for n in names if n.startswith("design_") and n != "design_id"]
+
+
 @dataclasses.dataclass
 class DesignSummary:
+    """One design on one workload: its frontier read at each target interactivity."""
     design_id: str
     name: str
     kind: str
@@ -63,34 +132,139 @@ class DesignSummary:
     max_interactivity: float
     best_objective: float
     row: dict  # design parameters and chip figures (first row of the design)
+    workload: str = ""
+    per_kw: dict[float, float] = dataclasses.field(default_factory=dict)
+    tok_per_usd: dict[float, float] = dataclasses.field(default_factory=dict)  # 1e6 / usd_per_mtok
+    e2e_s: dict[float, float] = dataclasses.field(default_factory=dict)  # E2E of the frontier point at the target
+
+    def metric(self, metric: str, target: float, chain_steps: int = 1) -> float:
+        """A comparison metric (GAIN_METRICS key, or "objective") at ``target``."""
+        if metric == "objective":
+            return self.values.get(target, float("nan"))
+        if metric == "per_chip":
+            return self.per_chip.get(target, float("nan"))
+        if metric == "per_kw":
+            return self.per_kw.get(target, float("nan"))
+        if metric == "per_usd":
+            return self.tok_per_usd.get(target, float("nan"))
+        if metric == "chain_latency":
+            return chain_steps * self.e2e_s.get(target, float("nan"))
+        raise KeyError(f"unknown metric {metric!r} (known: objective, {', '.join(GAIN_METRICS)})")
 
 
-def design_values(table: pa.Table, objective: str, targets) -> list[DesignSummary]:
-    cols = columns(table, ["design_id", "name", "kind", "generation", "feasible", "interactivity_tok_s_user",
-                           objective, "total_tok_s_per_chip"])
+def _workload_keys(table: pa.Table) -> np.ndarray:
+    """The workload of each row; ``workload (scenario)`` when one table holds several scenarios."""
+    w = _col(table, "workload", None).astype(str) if "workload" in table.column_names \
+        else np.full(table.num_rows, "workload", dtype=object)
+    if "scenario" in table.column_names:
+        s = _col(table, "scenario", None).astype(str)
+        if len(set(s.tolist())) > 1:
+            return np.asarray([f"{a} ({b})" for a, b in zip(w, s)], dtype=object)
+    return np.asarray(w, dtype=object)
+
+
+def design_values(table: pa.Table, objective: str, targets, workloads=None) -> list[DesignSummary]:
+    """One :class:`DesignSummary` per (design, workload) of the table (restricted to ``workloads`` if given)."""
+    targets = [float(t) for t in targets]
+    ids = _col(table, "design_id", None).astype(str)
+    wl = _workload_keys(table)
+    feasible = _col(table, "feasible", None).astype(bool)
+    x = _col(table, X)
+    y = objective_values(table, objective)
+    y_chip = _col(table, "total_tok_s_per_chip")
+    y_kw = _col(table, "total_tok_s_per_kw")
+    y_usd = objective_values(table, "tok_per_usd") if "usd_per_mtok" in table.column_names \
+        else np.full(table.num_rows, np.nan)
+    e2e = _col(table, "e2e_s")
+    keys = np.asarray([f"{a}\x00{b}" for a, b in zip(ids, wl)], dtype=object)
+    if workloads is not None:
+        keep = np.isin(wl, np.asarray(list(workloads), dtype=object))
+    else:
+        keep = np.ones(len(ids), bool)
+    order = np.flatnonzero(keep)
+    order = order[np.argsort(keys[order], kind="stable")]
+    if not len(order):
+        return []
+    k = keys[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    ends = np.r_[starts[1:], len(k)]
+    firsts = [int(order[s]) for s in starts]
+    rows = table.take(pa.array(firsts, type=pa.int64())).to_pylist()
     out = []
-    order = np.argsort(cols["design_id"], kind="stable")
-    ids = cols["design_id"][order]
-    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
-    ends = np.r_[starts[1:], len(ids)]
-    names = table.column_names
-    for s, e in zip(starts, ends):
-        rows = order[s:e]
-        feas = rows[cols["feasible"][rows].astype(bool)]
-        x = cols["interactivity_tok_s_user"][feas].astype(float)
-        y = cols[objective][feas].astype(float)
-        yc = cols["total_tok_s_per_chip"][feas].astype(float)
-        first = int(rows[0])
-        row = {n: table.column(n)[first].as_py() for n in names}
+    for (s, e), row in zip(zip(starts, ends), rows):
+        r = order[s:e]
+        f = r[feasible[r]]
+        fx = x[f]
+        idx = pareto_frontier(fx, y[f])
+        ox, oy, oe = fx[idx], y[f][idx], e2e[f][idx]
+        read = {}
+        for name, col in (("per_chip", y_chip), ("per_kw", y_kw), ("per_usd", y_usd)):
+            j = pareto_frontier(fx, col[f])
+            read[name] = (fx[j], col[f][j])
+        finite_x = fx[np.isfinite(fx)]
         out.append(DesignSummary(
-            design_id=str(ids[s]), name=str(cols["name"][first]), kind=str(cols["kind"][first]),
-            generation=str(cols["generation"][first]),
-            values={t: value_at(x, y, t) for t in targets},
-            per_chip={t: value_at(x, yc, t) for t in targets},
-            max_interactivity=float(np.max(x)) if len(x) else float("nan"),
-            best_objective=float(np.max(y)) if len(y) else float("nan"),
-            row=row))
+            design_id=str(row["design_id"]), name=str(row.get("name", row["design_id"])),
+            kind=str(row.get("kind", "candidate")), generation=str(row.get("generation", "")),
+            values={t: _interp(ox, oy, t) for t in targets},
+            per_chip={t: _interp(*read["per_chip"], t) for t in targets},
+            max_interactivity=float(np.max(finite_x)) if len(finite_x) else float("nan"),
+            best_objective=float(np.nanmax(oy)) if len(oy) else float("nan"),
+            row=row, workload=str(wl[order[s]]),
+            per_kw={t: _interp(*read["per_kw"], t) for t in targets},
+            tok_per_usd={t: _interp(*read["per_usd"], t) for t in targets},
+            e2e_s={t: _interp(ox, oe, t) for t in targets}))
     return out
+
+
+def _finite_pos(v) -> bool:
+    return v is not None and np.isfinite(v) and v > 0
+
+
+def weighted_geomean(values: dict[str, float], weights: dict[str, float]) -> float:
+    """exp(sum w log v) / sum w over the weighted workloads; NaN if any weighted value is missing or <= 0."""
+    tot, acc = 0.0, 0.0
+    for w, a in weights.items():
+        if a <= 0:
+            continue
+        v = values.get(w, float("nan"))
+        if not _finite_pos(v):
+            return float("nan")
+        acc += a * math.log(v)
+        tot += a
+    return math.exp(acc / tot) if tot > 0 else float("nan")
+
+
+@dataclasses.dataclass
+class DesignMix:
+    """One design over the workloads of the mix."""
+    design_id: str
+    name: str
+    kind: str
+    generation: str
+    by_workload: dict[str, DesignSummary]
+    row: dict  # design parameters and chip figures
+    ratio: dict[float, dict[str, float]] = dataclasses.field(default_factory=dict)  # value / reference per workload
+    score: dict[float, float] = dataclasses.field(default_factory=dict)  # weighted geometric mean of ratio
+    worst: dict[float, float] = dataclasses.field(default_factory=dict)  # worst-case ratio across the mix
+    pareto: dict[float, bool] = dataclasses.field(default_factory=dict)  # Pareto-optimal in its generation
+
+    @property
+    def built(self) -> bool:
+        """Has at least one feasible operating point on some workload."""
+        return any(np.isfinite(s.max_interactivity) for s in self.by_workload.values())
+
+    def value(self, workload: str, target: float) -> float:
+        s = self.by_workload.get(workload)
+        return s.values.get(target, float("nan")) if s else float("nan")
+
+    @property
+    def values(self) -> dict[float, float]:
+        """Legacy (single-workload callers): the objective at each target on the first workload of the design."""
+        s = next(iter(self.by_workload.values()), None)
+        return dict(s.values) if s else {}
+
+    def reaches(self, target: float, workloads) -> bool:
+        return all(np.isfinite(self.value(w, target)) for w in workloads)
 
 
 @dataclasses.dataclass
@@ -98,37 +272,238 @@ class Recommendation:
     objective: str
     targets: tuple
     headline_target: float
-    baseline: DesignSummary | None
-    competitors: list[DesignSummary]
-    ranked: dict[str, dict[float, list[DesignSummary]]]  # generation -> target -> best first
-    best: dict[str, DesignSummary | None]  # generation -> best at the headline target
-    infeasible: dict[str, int]  # generation -> designs infeasible by construction
-    unreachable: dict[str, int]  # generation -> feasible designs that cannot reach the headline target
+    baseline: DesignMix | None
+    competitors: list[DesignMix]
+    ranked: dict[str, dict[float, list[DesignMix]]]  # generation -> target -> top_k by mix score, best first
+    best: dict[str, DesignMix | None]  # generation -> best mix score at the headline target
+    infeasible: dict[str, int]  # generation -> designs without any feasible operating point
+    unreachable: dict[str, int]  # generation -> built designs missing the headline target on a mix workload
+    mix: dict[str, float] = dataclasses.field(default_factory=dict)  # workload -> weight (normalised to sum 1)
+    workloads: list[str] = dataclasses.field(default_factory=list)  # every workload of the table
+    pareto: dict[str, dict[float, list[DesignMix]]] = dataclasses.field(default_factory=dict)  # full Pareto sets
+    robust: dict[str, dict[float, DesignMix | None]] = dataclasses.field(default_factory=dict)
+    reference: dict[float, dict[str, tuple[str, float]]] = dataclasses.field(default_factory=dict)
+    designs: list[DesignMix] = dataclasses.field(default_factory=list)
+    summaries: list[DesignSummary] = dataclasses.field(default_factory=list)
+    chain_steps: int = 1
+    top_k: int = 5
+    notes: list[str] = dataclasses.field(default_factory=list)
 
-    def gain(self, design: DesignSummary, other: DesignSummary | None, target: float | None = None) -> float:
-        t = self.headline_target if target is None else target
+    @property
+    def generations(self) -> list[str]:
+        return list(self.ranked)
+
+    def best_at(self, generation: str, target: float | None = None) -> DesignMix | None:
+        t = self.headline_target if target is None else float(target)
+        r = self.ranked.get(generation, {}).get(t, [])
+        return r[0] if r else None
+
+    def metric(self, design: DesignMix | None, metric: str, target: float, workload: str) -> float:
+        if design is None or workload not in design.by_workload:
+            return float("nan")
+        return design.by_workload[workload].metric(metric, target, self.chain_steps)
+
+    def gain(self, design: DesignMix | None, other: DesignMix | None, target: float | None = None, *,
+             workload: str | None = None, metric: str = "objective") -> float:
+        """How many times better ``design`` is than ``other`` at ``target`` (> 1: better; for the chain latency the
+        speed-up other / design). ``workload=None`` is the mix: the weighted geometric mean of the workloads' gains
+        (NaN when either design misses the target on a weighted workload)."""
+        t = self.headline_target if target is None else float(target)
         if design is None or other is None:
             return float("nan")
-        a, b = design.values[t], other.values[t]
-        return a / b if np.isfinite(a) and np.isfinite(b) and b > 0 else float("nan")
+        if workload is None:
+            return weighted_geomean({w: self.gain(design, other, t, workload=w, metric=metric) for w in self.mix},
+                                    self.mix)
+        a, b = self.metric(design, metric, t, workload), self.metric(other, metric, t, workload)
+        if not (_finite_pos(a) and _finite_pos(b)):
+            return float("nan")
+        lower_better = metric in GAIN_METRICS and not GAIN_METRICS[metric][2]
+        return b / a if lower_better else a / b
+
+    def featured(self) -> list[DesignMix]:
+        """Baseline, each generation's recommended design at the headline target, competitors (no duplicates)."""
+        out = [self.baseline] if self.baseline else []
+        out += [b for b in self.best.values() if b is not None]
+        out += self.competitors
+        seen, uniq = set(), []
+        for d in out:
+            if d.design_id not in seen:
+                seen.add(d.design_id)
+                uniq.append(d)
+        return uniq
 
 
-def recommend(table: pa.Table, objective: str, targets, top_k: int) -> Recommendation:
+def pareto_mask(values: np.ndarray) -> np.ndarray:
+    """[n, w] values (higher better, NaN = cannot reach) -> bool [n]: the designs no other design is at least as good
+    as on every workload and strictly better on one. Designs that reach the target on no workload are never kept."""
+    v = np.where(np.isfinite(values), values, -np.inf)
+    n = len(v)
+    dominated = np.zeros(n, bool)
+    for s in range(0, n, 512):
+        d = v[s:s + 512]  # candidates for being dominated
+        ge = np.all(v[:, None, :] >= d[None, :, :], axis=2)  # [others, d]
+        gt = np.any(v[:, None, :] > d[None, :, :], axis=2)
+        dominated[s:s + 512] = np.any(ge & gt, axis=0)
+    return ~dominated & np.isfinite(values).any(axis=1) if n else np.zeros(0, bool)
+
+
+def normalise_mix(mix: dict | None, workloads: list[str]) -> tuple[dict[str, float], list[str]]:
+    """Mix weights over the workloads present (sum 1); equal weights when no mix is given. Returns notes too."""
+    notes = []
+    if not mix:
+        return ({w: 1.0 / len(workloads) for w in workloads} if workloads else {}), notes
+    present = {}
+    for w, a in mix.items():
+        if w in workloads:
+            present[w] = float(a)
+        else:
+            notes.append(f"mix workload {w!r} has no rows in the results: left out of the mix")
+    tot = sum(a for a in present.values() if a > 0)
+    if tot <= 0:
+        notes.append("no weighted mix workload in the results: equal weights over the workloads present")
+        return {w: 1.0 / len(workloads) for w in workloads}, notes
+    return {w: a / tot for w, a in present.items() if a > 0}, notes
+
+
+def recommend(table: pa.Table, objective: str, targets, top_k: int, *, mix: dict | None = None,
+              chain_steps: int = 1, headline_target: float | None = None) -> Recommendation:
+    """Per generation and target: the mix-Pareto set, ranked by weighted geometric-mean ratio to the baseline."""
     targets = tuple(float(t) for t in targets)
-    headline = targets[len(targets) // 2]
+    headline = float(headline_target) if headline_target is not None else targets[len(targets) // 2]
+    if headline not in targets:
+        targets = tuple(sorted(set(targets) | {headline}))
     summaries = design_values(table, objective, targets)
-    baseline = next((d for d in summaries if d.kind == "baseline"), None)
-    competitors = [d for d in summaries if d.kind == "competitor"]
-    gens = sorted({d.generation for d in summaries if d.kind == "candidate"})
-    ranked, best, infeasible, unreachable = {}, {}, {}, {}
-    for g in gens:
-        cands = [d for d in summaries if d.kind == "candidate" and d.generation == g]
-        infeasible[g] = sum(1 for d in cands if not np.isfinite(d.max_interactivity))
-        unreachable[g] = sum(1 for d in cands if np.isfinite(d.max_interactivity)
-                             and not np.isfinite(d.values[headline]))
-        ranked[g] = {}
+    present = {s.workload for s in summaries}
+    workloads = [w for w in (mix or {}) if w in present] + sorted(present - set(mix or {}))  # the mix's order
+    weights, notes = normalise_mix(mix, workloads)
+    mixw = list(weights)
+    by_id: dict[str, DesignMix] = {}
+    for s in summaries:
+        d = by_id.get(s.design_id)
+        if d is None:
+            d = by_id[s.design_id] = DesignMix(s.design_id, s.name, s.kind, s.generation, {}, s.row)
+        d.by_workload[s.workload] = s
+    designs = sorted(by_id.values(), key=lambda d: d.design_id)
+    baseline = next((d for d in designs if d.kind == "baseline"), None)
+    competitors = [d for d in designs if d.kind == "competitor"]
+    # reference per workload and target: the baseline where it reaches the target, else the best design there
+    reference: dict[float, dict[str, tuple[str, float]]] = {}
+    for t in targets:
+        reference[t] = {}
+        for w in workloads:
+            b = baseline.value(w, t) if baseline else float("nan")
+            if _finite_pos(b):
+                reference[t][w] = (baseline.name, b)
+                continue
+            vals = [(d.value(w, t), d.name) for d in designs if _finite_pos(d.value(w, t))]
+            if vals:
+                v, name = max(vals)
+                reference[t][w] = (f"best design ({name})", v)
+                if t == headline:
+                    notes.append(f"{w}: the baseline cannot reach {t:g} tok/s/user: ratios at that target are to "
+                                 f"the best design there ({name})")
+            else:
+                reference[t][w] = ("none", float("nan"))
+    for d in designs:
         for t in targets:
-            ok = [d for d in cands if np.isfinite(d.values[t])]
-            ranked[g][t] = sorted(ok, key=lambda d: (-d.values[t], d.design_id))[:top_k]
+            d.ratio[t] = {w: (d.value(w, t) / reference[t][w][1] if _finite_pos(reference[t][w][1])
+                              else float("nan")) for w in workloads}
+            d.score[t] = weighted_geomean(d.ratio[t], weights)
+            rs = [d.ratio[t][w] for w in mixw]
+            d.worst[t] = float(min(rs)) if rs and all(np.isfinite(rs)) else float("nan")
+    gens = sorted({d.generation for d in designs if d.kind == "candidate"})
+    ranked, best, infeasible, unreachable, pareto, robust = {}, {}, {}, {}, {}, {}
+    key_score = lambda t: (lambda d: (-(d.score[t] if np.isfinite(d.score[t]) else -np.inf),  # noqa: E731
+                                      -sum(np.isfinite(d.value(w, t)) for w in mixw), d.design_id))
+    for g in gens:
+        cands = [d for d in designs if d.kind == "candidate" and d.generation == g]
+        infeasible[g] = sum(1 for d in cands if not d.built)
+        unreachable[g] = sum(1 for d in cands if d.built and not d.reaches(headline, mixw))
+        ranked[g], pareto[g], robust[g] = {}, {}, {}
+        for t in targets:
+            mask = pareto_mask(np.asarray([[d.value(w, t) for w in mixw] for d in cands], float).reshape(
+                len(cands), len(mixw))) if cands else np.zeros(0, bool)
+            for d, m in zip(cands, mask):
+                d.pareto[t] = bool(m)
+            front = sorted([d for d, m in zip(cands, mask) if m], key=key_score(t))
+            pareto[g][t] = front
+            ok = [d for d in cands if any(np.isfinite(d.value(w, t)) for w in mixw)]
+            ranked[g][t] = sorted(ok, key=key_score(t))[:top_k]
+            rob = [d for d in front if np.isfinite(d.worst[t])]
+            robust[g][t] = max(rob, key=lambda d: (d.worst[t], d.score[t], d.design_id)) if rob else None
         best[g] = ranked[g][headline][0] if ranked[g][headline] else None
-    return Recommendation(objective, targets, headline, baseline, competitors, ranked, best, infeasible, unreachable)
+    return Recommendation(objective=objective, targets=targets, headline_target=headline, baseline=baseline,
+                          competitors=competitors, ranked=ranked, best=best, infeasible=infeasible,
+                          unreachable=unreachable, mix=weights, workloads=workloads, pareto=pareto, robust=robust,
+                          reference=reference, designs=designs, summaries=summaries, chain_steps=int(chain_steps),
+                          top_k=int(top_k), notes=notes)
+
+
+def settings_from_meta(meta: dict) -> dict:
+    """objective, targets, top_k, mix, chain_steps, headline_target and dpi for a report, from the study's meta:
+    its own keys first, then the study's config (``config.report``, ``config.scenario``), then defaults."""
+    cfg = meta.get("config") or {}
+    rep = cfg.get("report") or {}
+    scen = cfg.get("scenario") or {}
+    targets = meta.get("targets") or rep.get("interactivity_targets_tok_s_user") or (50.0, 100.0, 200.0)
+    steps = meta.get("agent_chain_steps") or rep.get("agent_chain_steps") or scen.get("chain_steps") or 1
+    return {
+        "objective": meta.get("objective") or rep.get("objective") or "total_tok_s_per_kw",
+        "targets": tuple(float(t) for t in targets),
+        "top_k": int(meta.get("top_k") or rep.get("top_k") or 5),
+        "mix": meta.get("mix") or cfg.get("mix") or None,
+        "chain_steps": int(steps),
+        "headline_target": meta.get("headline_target") or rep.get("headline_target"),
+        "dpi": int(rep.get("dpi") or 110),
+    }
+
+
+def recommend_from_meta(table: pa.Table, meta: dict) -> Recommendation:
+    """:func:`recommend` with the settings the study recorded (:func:`settings_from_meta`)."""
+    s = settings_from_meta(meta)
+    return recommend(table, s["objective"], s["targets"], s["top_k"], mix=s["mix"], chain_steps=s["chain_steps"],
+                     headline_target=s["headline_target"])
+
+
+def generation_gains(rec: Recommendation, metrics=tuple(GAIN_METRICS), *, per_target_best: bool = True) -> list[dict]:
+    """Gains of each generation's recommended design over the baseline and every competitor at matched
+    interactivity: one row per (generation, target, versus, metric, workload or "mix"). The recommended design is
+    the best at each target (``per_target_best``) or the headline one. ``gain`` > 1 means the candidate is better
+    (for the chain latency: other's latency / candidate's)."""
+    refs = ([rec.baseline] if rec.baseline else []) + list(rec.competitors)
+    out = []
+    for g in rec.generations:
+        for t in rec.targets:
+            d = rec.best_at(g, t) if per_target_best else rec.best.get(g)
+            if d is None:
+                continue
+            for o in refs:
+                for m in metrics:
+                    for w in [*rec.mix, "mix"] if len(rec.mix) > 1 else list(rec.mix):
+                        ww = None if w == "mix" else w
+                        out.append({
+                            "generation": g, "design_id": d.design_id, "design": d.name, "target": t,
+                            "versus": o.name, "versus_kind": o.kind, "metric": m, "workload": w,
+                            "design_value": rec.metric(d, m, t, w) if ww else float("nan"),
+                            "versus_value": rec.metric(o, m, t, w) if ww else float("nan"),
+                            "gain": rec.gain(d, o, t, workload=ww, metric=m)})
+    return out
+
+
+def headline_lines(rec: Recommendation, prog: str = "codesign") -> list[str]:
+    """What the main job logs: each generation's recommended design and its gains at the headline target."""
+    t = rec.headline_target
+    mix = ", ".join(f"{w} {a:.2g}" for w, a in rec.mix.items())
+    lines = [f"{prog}: selection over the mix ({mix}) at {t:g} tok/s/user, objective {rec.objective}"]
+    base = rec.baseline.name if rec.baseline else "baseline"
+    for g, d in rec.best.items():
+        if d is None:
+            lines.append(f"{prog}: {g}: no candidate reaches {t:g} tok/s/user on the mix")
+            continue
+        vs = [f"{rec.gain(d, rec.baseline, t):.2f}x {base}"] if rec.baseline else []
+        vs += [f"{rec.gain(d, c, t):.2f}x {c.name}" for c in rec.competitors]
+        rob = rec.robust.get(g, {}).get(t)
+        lines.append(f"{prog}: {g} best at {t:g} tok/s/user: {d.design_id} ({d.name}) {rec.objective}: "
+                     + ", ".join(vs) + f"; {len(rec.pareto[g][t])} Pareto-optimal over the mix"
+                     + (f"; most robust {rob.design_id} (worst case {rob.worst[t]:.2f}x)" if rob else ""))
+    return lines

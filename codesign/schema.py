@@ -17,7 +17,7 @@ from arch_space.chip import Chip
 from arch_space.design_space import DesignSpace
 from arch_space.errors import ConfigError
 from arch_space.technology import Generation
-from arch_space.validation import build, check_quantities, choice, quantity
+from arch_space.validation import build, check_quantities, check_quantity, choice, quantity
 from serving.architecture import ModelArchitecture
 from serving.precision import Precision
 from serving.perf import ServingParams
@@ -25,7 +25,7 @@ from serving.scenario import Scenario
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 TOP_LEVEL = ("hardware", "generation", "workload", "precision", "scenario", "space", "sweep", "report", "serving",
-             "competitors", "study_name", "hf_config")
+             "competitors", "study_name", "hf_config", "mix", "mix_weights")
 
 
 def load_workload(cfg: dict) -> ModelArchitecture:
@@ -67,6 +67,7 @@ class ReportConfig:
                             default="total_tok_s_per_kw")
     interactivity_targets_tok_s_user: tuple[float, ...] = (50.0, 100.0, 200.0)
     top_k: int = quantity(integer=True, default=5)
+    agent_chain_steps: int = quantity(integer=True, default=10)
     dpi: int = quantity(integer=True, default=110)
 
     @classmethod
@@ -89,7 +90,17 @@ class Study:
     report: ReportConfig
     serving: ServingParams
     competitors: tuple[Chip, ...]
-    raw: dict  # the validated plain config, for hashing and the report's assumptions section
+    raw: dict
+    # the weighted workload mix designs are selected over; ``workload`` is its primary member (plots, refinement)
+    mix: tuple[tuple[ModelArchitecture, float], ...] = ()
+
+    @property
+    def workloads(self) -> tuple[ModelArchitecture, ...]:
+        return tuple(a for a, _ in self.mix) or (self.workload,)
+
+    @property
+    def mix_weights(self) -> dict[str, float]:
+        return {a.name: w for a, w in self.mix} or {self.workload.name: 1.0}  # the validated plain config, for hashing and the report's assumptions section
 
 
 def hardware_presets(conf_dir: Path = CONF_DIR) -> list[str]:
@@ -101,6 +112,46 @@ def load_hardware_preset(name: str, path: str, conf_dir: Path = CONF_DIR) -> Chi
     if not isinstance(name, str) or not file.exists():
         raise ConfigError(path, f"unknown hardware preset {name!r} (known: {', '.join(hardware_presets(conf_dir))})")
     return Chip.from_dict(OmegaConf.to_container(OmegaConf.load(file), resolve=True), path)
+
+
+def workload_presets(conf_dir: Path = CONF_DIR) -> list[str]:
+    return sorted(p.stem for p in (conf_dir / "workload").glob("*.yaml"))
+
+
+def load_mix(cfg: dict, workload: ModelArchitecture, overridden: tuple[str, ...], conf_dir: Path = CONF_DIR):
+    """The weighted workload mix: ``mix`` lists conf/workload preset names, ``mix_weights`` their weights (> 0;
+    null: equal). Lists, so that a command-line override replaces the mix instead of merging into it. ``mix: null``
+    studies ``workload`` alone, and so does a command line that picks the workload (``workload=...`` or
+    ``hf_config=...``) without also setting ``mix``: the user asked for that model."""
+    raw, weights = cfg.get("mix"), cfg.get("mix_weights")
+    picked = any(k in ("workload", "hf_config") or k.startswith("workload.") for k in overridden)
+    if raw is None or (picked and "mix" not in overridden):
+        return ((workload, 1.0),)
+    if not isinstance(raw, list) or not raw or not all(isinstance(n, str) for n in raw):
+        raise ConfigError("mix", f"expected a list of workload preset names, or null, got {raw!r}")
+    if len(set(raw)) != len(raw):
+        raise ConfigError("mix", f"lists a workload twice: {raw!r}")
+    if weights is None:
+        weights = [1.0] * len(raw)
+    if not isinstance(weights, list) or len(weights) != len(raw):
+        raise ConfigError("mix_weights", f"expected one weight per mix entry ({len(raw)}), got {weights!r}")
+    if workload.name not in raw:
+        raise ConfigError("mix", f"does not include the workload {workload.name!r} ({', '.join(raw)}): add it "
+                                 f"or study it alone (mix=null)")
+    out = []
+    for i, (name, w) in enumerate(zip(raw, weights)):
+        weight = check_quantity(w, f"mix_weights[{i}]")
+        if name == workload.name:
+            out.append((workload, weight))
+            continue
+        file = conf_dir / "workload" / f"{name}.yaml"
+        if not file.exists():
+            raise ConfigError(f"mix[{i}]", f"unknown workload preset {name!r} (known: "
+                                           f"{', '.join(workload_presets(conf_dir))})")
+        out.append((ModelArchitecture.from_dict(OmegaConf.to_container(OmegaConf.load(file), resolve=True),
+                                                f"mix[{i}]"), weight))
+    primary = [p for p in out if p[0] is workload]
+    return tuple(primary + [p for p in out if p[0] is not workload])  # the primary workload first
 
 
 def load_study(cfg: dict, *, overridden: tuple[str, ...] = (), conf_dir: Path = CONF_DIR) -> Study:
@@ -131,9 +182,11 @@ def load_study(cfg: dict, *, overridden: tuple[str, ...] = (), conf_dir: Path = 
         raise ConfigError("study_name", f"expected a non-empty string, got {cfg['study_name']!r}")
     workload = load_workload(cfg)
     scenario = Scenario.from_dict(cfg["scenario"], "scenario")
-    if scenario.draft_tokens and not workload.num_mtp_layers:
-        raise ConfigError("scenario.draft_tokens", f"{scenario.draft_tokens} MTP draft tokens, but "
-                                                   f"{workload.name} has no MTP head (num_mtp_layers = 0)")
+    mix = load_mix(cfg, workload, overridden, conf_dir)
+    for arch, _ in mix:
+        if scenario.draft_tokens and not arch.num_mtp_layers:
+            raise ConfigError("scenario.draft_tokens", f"{scenario.draft_tokens} MTP draft tokens, but "
+                                                       f"{arch.name} has no MTP head (num_mtp_layers = 0)")
     return Study(
         study_name=cfg["study_name"],
         hardware=hardware,
@@ -147,4 +200,5 @@ def load_study(cfg: dict, *, overridden: tuple[str, ...] = (), conf_dir: Path = 
         serving=ServingParams.from_dict(cfg["serving"], "serving"),
         competitors=competitors,
         raw=cfg,
+        mix=mix,
     )

@@ -15,17 +15,19 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from arch_space.chip import NUMERIC_FIELDS, stack
 from arch_space.design_space import AXES, derive_chips, design_ids
-from codesign.recommend import design_values, recommend
+from codesign.recommend import headline_lines, recommend_from_meta
 from codesign.report import write_report
 from codesign.schema import Study
 from serving.kernel_table import build_kernel_table
 from serving.mappings import enumerate_mappings, mapping_name
 from serving.serve import stack_mappings
 from sweeps.runner import DesignSet, SharedInputs, init_ray, run_sweep
-from sweeps.store import ResultStore, atomic_write_table
+from sweeps.store import SORT_KEYS, ResultStore, atomic_write_table
 
 # Bump when the evaluation changes what it computes for the same inputs: part of every sweep's identity.
 MODEL_VERSION = "serving-v2"  # v2: clock and HBM speed-bin axes in every design
@@ -47,7 +49,7 @@ def preset_designs(study: Study) -> DesignSet:
     return DesignSet(
         generation="presets", design_id=[_preset_id(c) for c in chips], name=[c.name for c in chips], kind=kinds,
         chips=stack(chips, "presets"), feasible=np.ones(n, bool), reason=[""] * n,
-        params={}, extra={"chip_cost_usd": np.full(n, np.nan)})
+        params={}, extra={"chip_cost_usd": np.full(n, np.nan), "origin": np.asarray(["preset"] * n, dtype=object)})
 
 
 def candidate_designs(study: Study) -> list[DesignSet]:
@@ -58,33 +60,40 @@ def candidate_designs(study: Study) -> list[DesignSet]:
         ids = design_ids(gname, grid)
         out.append(DesignSet(generation=gname, design_id=ids, name=[f"{gname}-{i[:8]}" for i in ids],
                              kind=["candidate"] * len(ids), chips=d.chips, feasible=d.feasible, reason=d.reason,
-                             params=d.params, extra={"chip_cost_usd": d.chip_cost_usd}))
+                             params=d.params, extra={"chip_cost_usd": d.chip_cost_usd,
+                                                     "origin": np.asarray([study.space.sampler] * len(ids), dtype=object)}))
     return out
 
 
-def study_mappings(study: Study):
-    """The mappings searched: every enumerated one up to scenario.max_chips, or the named subset of sweep.mappings."""
+def study_mappings(study: Study, arch=None):
+    """The mappings searched for ``arch`` (default: the primary workload): every enumerated one up to
+    scenario.max_chips, or the named subset of sweep.mappings."""
     from arch_space.errors import ConfigError
 
-    ms = enumerate_mappings(study.workload, study.scenario.max_chips)
+    arch = study.workload if arch is None else arch
+    ms = enumerate_mappings(arch, study.scenario.max_chips)
     if study.sweep.mappings is None:
         return ms
     by_name = {mapping_name(m): m for m in ms}
     for i, n in enumerate(study.sweep.mappings):
         if n not in by_name:
-            raise ConfigError(f"sweep.mappings[{i}]", f"unknown mapping {n!r} for {study.workload.name} up to "
+            raise ConfigError(f"sweep.mappings[{i}]", f"unknown mapping {n!r} for {arch.name} up to "
                                                       f"{study.scenario.max_chips} chips (known: {', '.join(by_name)})")
     return [by_name[n] for n in study.sweep.mappings]
 
 
-def sweep_definition(study: Study, design_sets: list[DesignSet]) -> dict:
-    """Everything that defines the rows (and nothing about how they are computed: workers, batch size, paths)."""
+def sweep_definition(study: Study, design_sets: list[DesignSet], arch=None) -> dict:
+    """Everything that defines the rows of one workload's sweep (and nothing about how they are computed: workers,
+    batch size, paths). Refined designs (sweeps/refine.py) join the same store: they are a deterministic function
+    of this definition and the primary workload's results, and a study reads back only its own designs."""
     raw = study.raw
+    arch = study.workload if arch is None else arch
     ids = sorted(i for ds in design_sets for i in ds.design_id)
     return {
         "model_version": MODEL_VERSION,
-        "workload": raw["workload"], "precision": raw["precision"], "scenario": raw["scenario"],
-        "serving": raw["serving"], "mappings": [mapping_name(m) for m in study_mappings(study)],
+        "workload": dataclasses.asdict(arch),  # the architecture itself (a preset, a mix member or an hf_config)
+        "precision": raw["precision"], "scenario": raw["scenario"],
+        "serving": raw["serving"], "mappings": [mapping_name(m) for m in study_mappings(study, arch)],
         "keep": study.sweep.keep,
         "generations": raw["generation"],
         "presets": {ds_name: {f: float(getattr(c, f)) for f in NUMERIC_FIELDS}
@@ -102,7 +111,127 @@ def report_meta(study: Study) -> dict:
         "hardware_provenance": {f: dataclasses.asdict(p) for f, p in hw.provenance},
         "generations": {k: v for k, v in study.raw["generation"].items()},
         "serving": study.raw["serving"], "model_note": MODEL_NOTE, "config": study.raw,
+        "mix": study.mix_weights, "workloads": [a.name for a in study.workloads],
+        "objective": study.report.objective, "targets": list(study.report.interactivity_targets_tok_s_user),
+        "top_k": study.report.top_k, "agent_chain_steps": study.report.agent_chain_steps,
+        "headline_target": headline_target(study),
     }
+
+
+def _shared(study: Study, arch) -> SharedInputs:
+    return SharedInputs(workload=arch.name, precision=study.precision.name, scenario=study.scenario.name,
+                        kernels=build_kernel_table(arch, study.precision), params=study.serving,
+                        scenario_spec=study.scenario, mappings=stack_mappings(study_mappings(study, arch)),
+                        concurrency=np.asarray(study.scenario.concurrency, dtype=np.float32), keep=study.sweep.keep)
+
+
+def _sweep(study: Study, shared: SharedInputs, store: ResultStore, design_sets: list[DesignSet]) -> int:
+    return run_sweep(design_sets, shared, store, batch_size=study.sweep.batch_size,
+                     max_in_flight=study.sweep.max_in_flight, max_retries=study.sweep.max_retries,
+                     progress=study.sweep.progress)["evaluated_designs"]
+
+
+def headline_target(study: Study) -> float:
+    t = study.report.interactivity_targets_tok_s_user
+    return float(t[len(t) // 2])
+
+
+def refined_designs(study: Study, table: pa.Table, design_sets: list[DesignSet], log=print) -> list[DesignSet]:
+    """Per generation, climb the serving model's gradient from the ``space.refine_top_k`` best candidates at the
+    headline interactivity target on the primary workload, each from the operating point where it did best."""
+    from serving.perf import Mapping
+    from sweeps.refine import refine_designs
+
+    k, target, objective = study.space.refine_top_k, headline_target(study), study.report.objective
+    cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in
+            ("design_id", "generation", "kind", "feasible", "interactivity_tok_s_user", objective, "concurrency",
+             "tp", "dp", "ep", "pp")}
+    kt_shared = _shared(study, study.workload)
+    known = {i for ds in design_sets for i in ds.design_id}
+    out = []
+    for ds in design_sets:
+        if ds.kind[:1] != ["candidate"]:
+            continue
+        m = ((cols["generation"] == ds.generation) & (cols["kind"] == "candidate") & cols["feasible"].astype(bool)
+             & (cols["interactivity_tok_s_user"] >= target))
+        rows = np.flatnonzero(m)
+        if not len(rows):
+            log(f"codesign: {ds.generation}: no candidate reaches {target:g} tok/s/user; nothing to refine")
+            continue
+        rows = rows[np.lexsort((cols["design_id"][rows], -cols[objective][rows]))]  # best first, ties by id
+        _, first = np.unique(cols["design_id"][rows], return_index=True)
+        best = rows[np.sort(first)][:k]
+        index = {d: i for i, d in enumerate(ds.design_id)}
+        at = np.asarray([index[d] for d in cols["design_id"][best]])
+        start = {a: ds.params[a][at] for a in AXES}
+        maps = Mapping(*(np.asarray(cols[f][best], np.float32) for f in ("tp", "dp", "ep", "pp")))
+        gen = study.generations[ds.generation]
+        params, j0, j1 = refine_designs(gen, study.space, start, maps, cols["concurrency"][best].astype(np.float32),
+                                        kt_shared.kernels, study.serving, study.scenario, target, objective)
+        ids = design_ids(ds.generation, params)
+        new = [i for i, d in enumerate(ids) if d not in known and d not in ids[:i]]
+        known.update(ids)
+        log(f"codesign: {ds.generation}: refined {len(new)} designs from the {len(best)} best at {target:g} tok/s/user"
+            f" (objective on the climb x{float(np.exp(np.median(j1 - j0))):.2f} median)")
+        if not new:
+            continue
+        sub = {a: v[new] for a, v in params.items()}
+        d = derive_chips(gen, sub, max_chip_cost_usd=study.space.max_chip_cost_usd, name=ds.generation)
+        rid = [ids[i] for i in new]
+        out.append(DesignSet(generation=ds.generation, design_id=rid, name=[f"{ds.generation}-r{i[:8]}" for i in rid],
+                             kind=["candidate"] * len(rid), chips=d.chips, feasible=d.feasible, reason=d.reason,
+                             params=d.params, extra={"chip_cost_usd": d.chip_cost_usd,
+                                                     "origin": np.asarray(["refined"] * len(rid), dtype=object)}))
+    return out
+
+
+def _best_rows(table: pa.Table, target: float, objective: str) -> dict[str, int]:
+    """Row index of the best operating point at >= ``target`` tok/s/user of the baseline and of each generation's
+    best candidate (the designs the report features)."""
+    c = {k: table.column(k).to_numpy(zero_copy_only=False) for k in
+         ("design_id", "generation", "kind", "feasible", "interactivity_tok_s_user", objective)}
+    ok = c["feasible"].astype(bool) & (c["interactivity_tok_s_user"] >= target)
+    out = {}
+    for label, m in [("baseline", c["kind"] == "baseline")] + [
+            (g, (c["generation"] == g) & (c["kind"] == "candidate")) for g in sorted(set(c["generation"]))
+            if g != "presets"]:
+        rows = np.flatnonzero(m & ok)
+        if len(rows):
+            out[label] = int(rows[np.lexsort((c["design_id"][rows], -c[objective][rows]))][0])
+    return out
+
+
+def analysis(study: Study, table: pa.Table, log=print) -> dict:
+    """Sensitivities (gain per +10% of each resource at matched interactivity, gradients checked by finite
+    differences), time attribution and roofline points of the featured designs (the baseline and each
+    generation's best candidate), each at the operating point where it does best at the headline target, on every
+    workload of the mix (sensitivities: the primary workload)."""
+    from arch_space.chip import Chip
+    from serving.perf import Mapping
+    from serving.sensitivity import resource_sensitivities, roofline_points, time_attribution
+
+    target, objective = headline_target(study), study.report.objective
+    out = {"sensitivity": [], "attribution": [], "roofline": []}
+    for arch in study.workloads:
+        sub = table.filter(pc.equal(table.column("workload"), arch.name))
+        kt = build_kernel_table(arch, study.precision)
+        for _, r in _best_rows(sub, target, objective).items():
+            row = {k: sub.column(k)[r].as_py() for k in sub.column_names}
+            chip = Chip(**{f: float(row[f"chip_{f}"]) for f in NUMERIC_FIELDS}, name=row["name"])
+            m = Mapping(*(float(row[f]) for f in ("tp", "dp", "ep", "pp")))
+            who = {"design_id": row["design_id"], "name": row["name"], "generation": row["generation"],
+                   "workload": arch.name}
+            c = float(row["concurrency"])
+            att = time_attribution(chip, kt, study.serving, study.scenario, m, c)
+            out["attribution"] += [who | {"phase": ph} | v for ph, v in att.items()]
+            out["roofline"].append(who | roofline_points(chip, kt, study.serving, study.scenario, m, c))
+            if arch is study.workload:
+                res = resource_sensitivities(chip, kt, study.serving, study.scenario, m, target, metric=objective)
+                out["sensitivity"].append(who | {"metric": objective, "target_tok_s_user": target,
+                                                 "mapping": row["mapping"], "resources": res})
+    log(f"codesign: sensitivities of {len(out['sensitivity'])} designs, attribution and rooflines on "
+        f"{len(study.workloads)} workloads")
+    return out
 
 
 def run_study(study: Study, run_dir: Path, *, log=print) -> dict[str, Path]:
@@ -113,37 +242,38 @@ def run_study(study: Study, run_dir: Path, *, log=print) -> dict[str, Path]:
 
     started_here = not ray.is_initialized()
     init_ray(study.sweep.ray_address, study.sweep.num_workers)  # before JAX starts its threads (fork safety)
-    log(f"codesign: tracing {study.workload.name} ({study.precision.name}) into its operator graph")
-    kernels = build_kernel_table(study.workload, study.precision)
-    shared = SharedInputs(workload=study.workload.name, precision=study.precision.name,
-                          scenario=study.scenario.name, kernels=kernels, params=study.serving,
-                          scenario_spec=study.scenario, mappings=stack_mappings(study_mappings(study)),
-                          concurrency=np.asarray(study.scenario.concurrency, dtype=np.float32),
-                          keep=study.sweep.keep)
-    store = ResultStore(Path(study.sweep.output_dir).resolve(), sweep_definition(study, design_sets))
+    root = Path(study.sweep.output_dir).resolve()
+    stores, evaluated = {}, 0
     try:
-        counts = run_sweep(design_sets, shared, store, batch_size=study.sweep.batch_size,
-                           max_in_flight=study.sweep.max_in_flight, max_retries=study.sweep.max_retries,
-                           progress=study.sweep.progress)
+        for arch in study.workloads:  # the primary workload first: refinement starts from its results
+            log(f"codesign: {arch.name}: tracing ({study.precision.name}) and sweeping "
+                f"{sum(len(d) for d in design_sets)} designs")
+            stores[arch.name] = ResultStore(root, sweep_definition(study, design_sets, arch))
+            evaluated += _sweep(study, _shared(study, arch), stores[arch.name], design_sets)
+        if study.space.refine_top_k:
+            extra = refined_designs(study, stores[study.workload.name].read(), design_sets, log)
+            for arch in study.workloads if extra else ():
+                evaluated += _sweep(study, _shared(study, arch), stores[arch.name], extra)
+            design_sets = design_sets + extra
     finally:
         if started_here:
             ray.shutdown()
-    table = store.read()
+    ids = pa.array(sorted({i for ds in design_sets for i in ds.design_id}))
+    parts = [s.read() for s in stores.values()]
+    table = pa.concat_tables(parts, promote_options="default")
+    table = table.filter(pc.is_in(table.column("design_id"), value_set=ids))  # this study's designs only
+    table = table.sort_by([(k, "ascending") for k in SORT_KEYS])
     results = run_dir / "results.parquet"
     atomic_write_table(table, results)
-    rec = recommend(table, study.report.objective, study.report.interactivity_targets_tok_s_user, study.report.top_k)
-    summaries = design_values(table, study.report.objective, rec.targets)
-    paths = write_report(run_dir, table, rec, summaries, report_meta(study), dpi=study.report.dpi)
+    meta = report_meta(study) | analysis(study, table, log)
+    rec = recommend_from_meta(table, meta)
+    paths = write_report(run_dir, table, meta, dpi=study.report.dpi, rec=rec)
     paths["results.parquet"] = results
-    log(f"codesign: sweep {store.sweep_id}: {counts['evaluated_designs']} designs evaluated now, "
-        f"{sum(len(d) for d in design_sets)} in the study ({table.num_rows} rows) in {time.perf_counter() - t0:.1f} s")
-    for g, best in rec.best.items():
-        if best is None:
-            log(f"codesign: {g}: no candidate reaches {rec.headline_target:g} tok/s/user")
-        else:
-            log(f"codesign: {g} best at {rec.headline_target:g} tok/s/user: {best.design_id} "
-                f"{rec.objective}={best.values[rec.headline_target]:,.0f} "
-                f"({rec.gain(best, rec.baseline):.2f}x the baseline {study.hardware.name})")
+    log(f"codesign: sweeps {', '.join(s.sweep_id for s in stores.values())}: {evaluated} designs evaluated now "
+        f"(counted once per workload), {sum(len(d) for d in design_sets)} designs x {len(stores)} workloads in the "
+        f"study ({table.num_rows} rows) in {time.perf_counter() - t0:.1f} s")
+    for line in headline_lines(rec):
+        log(line)
     return paths
 
 

@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from arch_space.errors import ConfigError
-from codesign.cli import CONF_DIR, precheck
+from codesign.cli import CONF_DIR, overridden_keys, precheck
 from codesign.main import _validate
 from codesign.schema import load_study
 
@@ -38,11 +38,36 @@ def test_default_config_validates():
 def test_every_config_option_composes_and_validates(group, option):
     override = f"{group}=[{option}]" if group == "generation" else f"{group}={option}"
     extra = ["workload=deepseek_r1"] if (group, option) == ("scenario", "inferencex_8k1k_mtp") else []
-    study = load_study(composed([override, *extra]))
+    study = load_study(composed([override, *extra]), overridden=overridden_keys([override, *extra]))
     if group == "hardware":
         assert study.hardware.name == option
     if group == "workload":
         assert study.workload.name == option
+        assert [a.name for a in study.workloads] == [option]  # picking a workload studies it alone
+
+
+def test_default_study_is_the_inferencex_mix():
+    study = load_study(composed())
+    assert study.mix_weights == {"gpt_oss_120b": 1.0, "deepseek_r1": 1.0, "kimi_k2_5": 1.0}
+    assert study.workloads[0].name == study.workload.name == "gpt_oss_120b"
+    # an explicit mix on the command line wins over the single-workload rule
+    over = ["workload=deepseek_r1", "mix=[llama3_8b,deepseek_r1]", "mix_weights=[1,2]"]
+    study = load_study(composed(over), overridden=overridden_keys(over))
+    assert study.mix_weights == {"deepseek_r1": 2.0, "llama3_8b": 1.0}
+    assert study.workloads[0].name == "deepseek_r1"  # the primary workload first
+
+
+@pytest.mark.parametrize("over,expect", [
+    (["mix=[gpt_oss_120b,nope]"], "mix[1]: unknown workload preset 'nope'"),
+    (["mix=[gpt_oss_120b]", "mix_weights=[-1]"], "mix_weights[0]: must be > 0, got -1"),
+    (["mix=[gpt_oss_120b]", "mix_weights=[1,2]"], "mix_weights: expected one weight per mix entry (1)"),
+    (["mix=[llama3_8b]"], "mix: does not include the workload 'gpt_oss_120b'"),
+    (["mix=[gpt_oss_120b,gpt_oss_120b]"], "mix: lists a workload twice"),
+])
+def test_bad_mix_is_one_clear_error(over, expect):
+    with pytest.raises(ConfigError) as ei:
+        load_study(composed(over), overridden=overridden_keys(over))
+    assert str(ei.value).startswith(expect) and "\n" not in str(ei.value)
 
 
 def check(argv):
