@@ -185,37 +185,34 @@ def refined_designs(study: Study, table: pa.Table, design_sets: list[DesignSet],
     return out
 
 
-def _best_rows(table: pa.Table, target: float, objective: str) -> dict[str, int]:
-    """Row index of the best operating point at >= ``target`` tok/s/user of the baseline and of each generation's
-    best candidate (the designs the report features)."""
+def _best_row(table: pa.Table, design_id: str, target: float, objective: str) -> int | None:
+    """Row index of a design's best operating point at >= ``target`` tok/s/user (None if it cannot reach it)."""
     c = {k: table.column(k).to_numpy(zero_copy_only=False) for k in
-         ("design_id", "generation", "kind", "feasible", "interactivity_tok_s_user", objective)}
-    ok = c["feasible"].astype(bool) & (c["interactivity_tok_s_user"] >= target)
-    out = {}
-    for label, m in [("baseline", c["kind"] == "baseline")] + [
-            (g, (c["generation"] == g) & (c["kind"] == "candidate")) for g in sorted(set(c["generation"]))
-            if g != "presets"]:
-        rows = np.flatnonzero(m & ok)
-        if len(rows):
-            out[label] = int(rows[np.lexsort((c["design_id"][rows], -c[objective][rows]))][0])
-    return out
+         ("design_id", "feasible", "interactivity_tok_s_user", objective)}
+    rows = np.flatnonzero((c["design_id"] == design_id) & c["feasible"].astype(bool)
+                          & (c["interactivity_tok_s_user"] >= target))
+    return int(rows[np.argmax(c[objective][rows])]) if len(rows) else None
 
 
-def analysis(study: Study, table: pa.Table, log=print) -> dict:
+def analysis(study: Study, table: pa.Table, rec, log=print) -> dict:
     """Sensitivities (gain per +10% of each resource at matched interactivity, gradients checked by finite
-    differences), time attribution and roofline points of the featured designs (the baseline and each
-    generation's best candidate), each at the operating point where it does best at the headline target, on every
-    workload of the mix (sensitivities: the primary workload)."""
+    differences), time attribution and roofline points of the baseline and each generation's recommended design
+    (``rec``, selected over the mix), each at the operating point where it does best at the headline target, on
+    every workload of the mix (sensitivities: the primary workload)."""
     from arch_space.chip import Chip
     from serving.perf import Mapping
     from serving.sensitivity import resource_sensitivities, roofline_points, time_attribution
 
     target, objective = headline_target(study), study.report.objective
+    featured = [d.design_id for d in [rec.baseline, *rec.best.values()] if d is not None]
     out = {"sensitivity": [], "attribution": [], "roofline": []}
     for arch in study.workloads:
         sub = table.filter(pc.equal(table.column("workload"), arch.name))
         kt = build_kernel_table(arch, study.precision)
-        for _, r in _best_rows(sub, target, objective).items():
+        for design_id in featured:
+            r = _best_row(sub, design_id, target, objective)
+            if r is None:
+                continue
             row = {k: sub.column(k)[r].as_py() for k in sub.column_names}
             chip = Chip(**{f: float(row[f"chip_{f}"]) for f in NUMERIC_FIELDS}, name=row["name"])
             m = Mapping(*(float(row[f]) for f in ("tp", "dp", "ep", "pp")))
@@ -265,8 +262,9 @@ def run_study(study: Study, run_dir: Path, *, log=print) -> dict[str, Path]:
     table = table.sort_by([(k, "ascending") for k in SORT_KEYS])
     results = run_dir / "results.parquet"
     atomic_write_table(table, results)
-    meta = report_meta(study) | analysis(study, table, log)
+    meta = report_meta(study)
     rec = recommend_from_meta(table, meta)
+    meta |= analysis(study, table, rec, log)
     paths = write_report(run_dir, table, meta, dpi=study.report.dpi, rec=rec)
     paths["results.parquet"] = results
     log(f"codesign: sweeps {', '.join(s.sweep_id for s in stores.values())}: {evaluated} designs evaluated now "

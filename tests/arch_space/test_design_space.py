@@ -119,7 +119,6 @@ def test_clock_and_hbm_speed_beyond_the_generation_are_infeasible():
 
 
 def test_chip_columns_agree_in_numpy_and_jax():
-    import jax
     import jax.numpy as jnp
 
     g = gen("gen3")
