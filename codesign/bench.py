@@ -211,7 +211,8 @@ def bench_sweeps(arch, precision, scenario, params, gen, space, scaling_designs,
         scaling = _sample_designs(space, gen, scaling_designs, seed)
         for w in (1, 2):
             init_ray(None, w)
-            warm = scaling.take(range(min(len(scaling), batch_size * w)))  # compile in every worker first
+            # compile in every worker first: enough batches that each worker surely runs one
+            warm = scaling.take(range(min(len(scaling), 4 * batch_size * w)))
             run_sweep([warm], shared, ResultStore(tmp / f"warm{w}", {"bench": "warm", "w": w}),
                       batch_size=batch_size, max_in_flight=2 * w, progress=False)
             t0 = time.perf_counter()
