@@ -123,3 +123,25 @@ def test_interrupted_driver_resumes_without_writing_twice(tmp_path, ray_local):
     for p, t in written.items():
         assert p.stat().st_mtime_ns == t  # parts from before the interrupt are not rewritten
     assert tables_equal(store.read(), reference.read())
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux only")
+def test_workers_claim_distinct_cores_and_release_them_on_exit(tmp_path):
+    import subprocess
+
+    code = ("import os, sys, time; from sweeps.runner import pin_worker_to_a_core as p; "
+            "c = p(sys.argv[1]); print(c, sorted(os.sched_getaffinity(0)), flush=True); time.sleep(float(sys.argv[2]))")
+    root = str(Path(__file__).resolve().parents[2])
+    cores = sorted(os.sched_getaffinity(0))
+    holders = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), "3"], stdout=subprocess.PIPE, text=True,
+                                cwd=root) for _ in cores]
+    got = [h.stdout.readline().split(" ", 1) for h in holders]
+    claimed = sorted(int(c) for c, _ in got)
+    assert claimed == cores  # one core each, every thread of the process on it
+    assert all(a.strip() == f"[{c}]" for c, a in got)
+    extra = subprocess.run([sys.executable, "-c", code, str(tmp_path), "0"], capture_output=True, text=True, cwd=root)
+    assert extra.stdout.startswith("None")  # more workers than cores: left unpinned
+    for h in holders:
+        h.wait()
+    again = subprocess.run([sys.executable, "-c", code, str(tmp_path), "0"], capture_output=True, text=True, cwd=root)
+    assert again.stdout.split(" ", 1)[0] == str(cores[0])  # the locks died with their processes
