@@ -261,13 +261,13 @@ def run_sweep(design_sets: list[DesignSet], shared: SharedInputs, store: ResultS
 
     store.open()
     shared = dataclasses.replace(shared, pad_to=batch_size)
-    batches = []
+    batches = []  # (design set, indices): each batch is cut out only when it is submitted (memory: one copy)
     for ds in design_sets:
         done = _done_ids(store, ds.generation, shared.workload)
         order = sorted((i for i, d in enumerate(ds.design_id) if d not in done), key=lambda i: ds.design_id[i])
         for s in range(0, len(order), batch_size):
-            batches.append(ds.take(order[s:s + batch_size]))
-    total = sum(len(b) for b in batches)
+            batches.append((ds, order[s:s + batch_size]))
+    total = sum(len(idx) for _, idx in batches)
     bar = Progress(total, enabled=progress and total > 0)
     remote = ray.remote(max_retries=max_retries, retry_exceptions=False)(task or _evaluate_and_store)
     shared_ref = ray.put(shared)
@@ -282,10 +282,10 @@ def run_sweep(design_sets: list[DesignSet], shared: SharedInputs, store: ResultS
         if on_batch is not None:
             on_batch(bar.done)
 
-    for b in batches:
+    for ds, idx in batches:
         if len(pending) >= max_in_flight:
             drain()
-        pending.append(remote.remote(parent, store.definition, shared_ref, b))
+        pending.append(remote.remote(parent, store.definition, shared_ref, ds.take(idx)))
     while pending:
         drain()
     return {"evaluated_designs": total, "batches": len(batches), "sweep_id": store.sweep_id}
