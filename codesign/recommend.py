@@ -333,6 +333,9 @@ class Recommendation:
         return uniq
 
 
+CLIFF_MARGIN = 1.5  # a reference whose maximum interactivity is within 1.5x of the target is near its ceiling
+
+
 def pareto_mask(values: np.ndarray) -> np.ndarray:
     """[n, w] values (higher better, NaN = cannot reach) -> bool [n]: the designs no other design is at least as good
     as on every workload and strictly better on one. Designs that reach the target on no workload are never kept."""
@@ -404,6 +407,15 @@ def recommend(table: pa.Table, objective: str, targets, top_k: int, *, mix: dict
                                  f"the best design there ({name})")
             else:
                 reference[t][w] = ("none", float("nan"))
+    # a reference close to its own interactivity ceiling sits on the steep tail of its frontier: a ratio there is
+    # mostly the distance to that ceiling, so say so where it happens at the headline target
+    for d in ([baseline] if baseline else []) + competitors:
+        for w in workloads:
+            s_w = d.by_workload.get(w)
+            top = s_w.max_interactivity if s_w else float("nan")
+            if np.isfinite(top) and headline <= top < CLIFF_MARGIN * headline:
+                notes.append(f"{d.name} reaches at most {top:.0f} tok/s/user on {w}: at {headline:g} its frontier is "
+                             f"steep, so gains over it there are sensitive to the target (compare a lower target)")
     for d in designs:
         for t in targets:
             d.ratio[t] = {w: (d.value(w, t) / reference[t][w][1] if _finite_pos(reference[t][w][1])

@@ -198,3 +198,23 @@ def test_baseline_that_misses_a_target_falls_back_to_the_best_design():
     rec = recommend(table.filter(pa.array(keep)), "total_tok_s_per_kw", [100, 300], top_k=3)
     assert rec.reference[300.0]["A"][0].startswith("best design")
     assert rec.best["gen2"] is not None and np.isfinite(rec.best["gen2"].score[300.0])
+
+
+def test_a_reference_near_its_interactivity_ceiling_is_flagged():
+    import pyarrow as pa
+
+    from codesign.recommend import recommend
+
+    rows = []
+    for did, kind, gen, xs in [("base", "baseline", "presets", (10, 60, 110)),
+                               ("cand", "candidate", "gen2", (10, 100, 300))]:
+        for i, x in enumerate(xs):
+            rows.append({"design_id": did, "name": did, "kind": kind, "generation": gen, "workload": "w",
+                         "feasible": True, "interactivity_tok_s_user": float(x),
+                         "total_tok_s_per_kw": 1000.0 / (1 + i), "total_tok_s_per_chip": 1000.0 / (1 + i),
+                         "usd_per_mtok": 1.0 + i, "e2e_s": 10.0 / x})
+    table = pa.Table.from_pylist(rows)
+    rec = recommend(table, "total_tok_s_per_kw", (50.0, 100.0), 3)
+    assert any("base reaches at most 110 tok/s/user on w" in n for n in rec.notes)
+    rec = recommend(table, "total_tok_s_per_kw", (10.0, 50.0), 3, headline_target=50.0)
+    assert not any("reaches at most" in n for n in rec.notes)  # 110 is well above 50
