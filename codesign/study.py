@@ -118,6 +118,13 @@ def report_meta(study: Study) -> dict:
     }
 
 
+def _own_rows(table: pa.Table, design_sets: list[DesignSet]) -> pa.Table:
+    """This study's designs only (a store may also hold refined designs of other studies), in row-key order."""
+    ids = pa.array(sorted({i for ds in design_sets for i in ds.design_id}))
+    table = table.filter(pc.is_in(table.column("design_id"), value_set=ids))
+    return table.sort_by([(k, "ascending") for k in SORT_KEYS])
+
+
 def _shared(study: Study, arch) -> SharedInputs:
     return SharedInputs(workload=arch.name, precision=study.precision.name, scenario=study.scenario.name,
                         kernels=build_kernel_table(arch, study.precision), params=study.serving,
@@ -137,42 +144,51 @@ def headline_target(study: Study) -> float:
 
 
 def refined_designs(study: Study, table: pa.Table, design_sets: list[DesignSet], log=print) -> list[DesignSet]:
-    """Per generation, climb the serving model's gradient from the ``space.refine_top_k`` best candidates at the
-    headline interactivity target on the primary workload, each from the operating point where it did best."""
+    """Per generation, climb the serving model's gradient from the ``space.refine_top_k`` candidates the mix
+    selection ranks best at the headline interactivity target, each workload at the operating point where the
+    design did best there, the workloads weighted as in the mix (sweeps/refine.py)."""
     from serving.perf import Mapping
     from sweeps.refine import refine_designs
 
     k, target, objective = study.space.refine_top_k, headline_target(study), study.report.objective
-    cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in
-            ("design_id", "generation", "kind", "feasible", "interactivity_tok_s_user", objective, "concurrency",
-             "tp", "dp", "ep", "pp")}
-    kt_shared = _shared(study, study.workload)
+    rec = recommend_from_meta(table, report_meta(study))
+    archs = study.workloads
+    subs = {a.name: table.filter(pc.equal(table.column("workload"), a.name)) for a in archs}
+    kts = [build_kernel_table(a, study.precision) for a in archs]
+    mix = study.mix_weights
     known = {i for ds in design_sets for i in ds.design_id}
     out = []
     for ds in design_sets:
         if ds.kind[:1] != ["candidate"]:
             continue
-        m = ((cols["generation"] == ds.generation) & (cols["kind"] == "candidate") & cols["feasible"].astype(bool)
-             & (cols["interactivity_tok_s_user"] >= target))
-        rows = np.flatnonzero(m)
-        if not len(rows):
+        best = [d.design_id for d in rec.ranked.get(ds.generation, {}).get(target, [])][:k]
+        if not best:
             log(f"codesign: {ds.generation}: no candidate reaches {target:g} tok/s/user; nothing to refine")
             continue
-        rows = rows[np.lexsort((cols["design_id"][rows], -cols[objective][rows]))]  # best first, ties by id
-        _, first = np.unique(cols["design_id"][rows], return_index=True)
-        best = rows[np.sort(first)][:k]
         index = {d: i for i, d in enumerate(ds.design_id)}
-        at = np.asarray([index[d] for d in cols["design_id"][best]])
+        at = np.asarray([index[d] for d in best])
+        maps, conc, weights = [], np.ones((len(archs), len(best))), np.zeros((len(archs), len(best)))
+        for w, arch in enumerate(archs):
+            sub = subs[arch.name]
+            m = np.ones((4, len(best)), np.float32)
+            for j, d in enumerate(best):
+                r = _best_row(sub, d, target, objective)
+                if r is None:
+                    continue  # no operating point at the target on this workload: weight 0
+                m[:, j] = [float(sub.column(f)[r].as_py()) for f in ("tp", "dp", "ep", "pp")]
+                conc[w, j] = float(sub.column("concurrency")[r].as_py())
+                weights[w, j] = mix[arch.name]
+            maps.append(Mapping(*m))
         start = {a: ds.params[a][at] for a in AXES}
-        maps = Mapping(*(np.asarray(cols[f][best], np.float32) for f in ("tp", "dp", "ep", "pp")))
         gen = study.generations[ds.generation]
-        params, j0, j1 = refine_designs(gen, study.space, start, maps, cols["concurrency"][best].astype(np.float32),
-                                        kt_shared.kernels, study.serving, study.scenario, target, objective)
+        params, j0, j1 = refine_designs(gen, study.space, start, maps, conc, kts, study.serving, study.scenario,
+                                        target, objective, weights=weights)
         ids = design_ids(ds.generation, params)
         new = [i for i, d in enumerate(ids) if d not in known and d not in ids[:i]]
         known.update(ids)
-        log(f"codesign: {ds.generation}: refined {len(new)} designs from the {len(best)} best at {target:g} tok/s/user"
-            f" (objective on the climb x{float(np.exp(np.median(j1 - j0))):.2f} median)")
+        gain = float(np.exp(np.median((j1 - j0) / np.maximum(weights.sum(0), 1e-9))))
+        log(f"codesign: {ds.generation}: refined {len(new)} designs from the {len(best)} best over the mix at "
+            f"{target:g} tok/s/user (weighted objective on the climb x{gain:.2f} median)")
         if not new:
             continue
         sub = {a: v[new] for a, v in params.items()}
@@ -242,24 +258,21 @@ def run_study(study: Study, run_dir: Path, *, log=print) -> dict[str, Path]:
     root = Path(study.sweep.output_dir).resolve()
     stores, evaluated = {}, 0
     try:
-        for arch in study.workloads:  # the primary workload first: refinement starts from its results
+        for arch in study.workloads:  # the primary workload first
             log(f"codesign: {arch.name}: tracing ({study.precision.name}) and sweeping "
                 f"{sum(len(d) for d in design_sets)} designs")
             stores[arch.name] = ResultStore(root, sweep_definition(study, design_sets, arch))
             evaluated += _sweep(study, _shared(study, arch), stores[arch.name], design_sets)
         if study.space.refine_top_k:
-            extra = refined_designs(study, stores[study.workload.name].read(), design_sets, log)
+            first = pa.concat_tables([s.read() for s in stores.values()], promote_options="default")
+            extra = refined_designs(study, _own_rows(first, design_sets), design_sets, log)
             for arch in study.workloads if extra else ():
                 evaluated += _sweep(study, _shared(study, arch), stores[arch.name], extra)
             design_sets = design_sets + extra
     finally:
         if started_here:
             ray.shutdown()
-    ids = pa.array(sorted({i for ds in design_sets for i in ds.design_id}))
-    parts = [s.read() for s in stores.values()]
-    table = pa.concat_tables(parts, promote_options="default")
-    table = table.filter(pc.is_in(table.column("design_id"), value_set=ids))  # this study's designs only
-    table = table.sort_by([(k, "ascending") for k in SORT_KEYS])
+    table = _own_rows(pa.concat_tables([s.read() for s in stores.values()], promote_options="default"), design_sets)
     results = run_dir / "results.parquet"
     atomic_write_table(table, results)
     meta = report_meta(study)

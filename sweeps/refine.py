@@ -4,9 +4,9 @@ A sampled sweep (grid, Sobol', Latin hypercube) finds the region where good desi
 serving model is differentiable in every continuous design axis, because the technology model
 (``arch_space.design_space.chip_columns``) and the serving model (``serving.serve.evaluate_point``) are both plain
 ``jax.numpy``. From each of the best designs, at the operating point (mapping, concurrency) where it did best at the
-target interactivity, this module climbs
+target interactivity on each workload of the mix, this module climbs the mix-weighted sum over workloads of
 
-    J(u) = log objective(chip(u)) - penalty x max(0, log target - log interactivity(chip(u)))^2
+    J_w(u) = log objective_w(chip(u)) - penalty x max(0, log target - log interactivity_w(chip(u)))^2
 
 over the continuous axes (SRAM share, clock, HBM speed bin, power rating, scale-up bandwidth), each rescaled to
 u in [0, 1] over its range (the space's range clipped to the generation's limits), with Adam (Kingma & Ba 2015)
@@ -26,7 +26,6 @@ import numpy as np
 from arch_space.chip import NUMERIC_FIELDS, Chip
 from arch_space.design_space import AXES, DesignSpace, chip_columns
 from arch_space.technology import Generation
-from serving.perf import Mapping
 from serving.serve import evaluate_point
 
 REFINE_AXES = ("sram_area_fraction", "clock_scale", "hbm_speed_scale", "power_rating_w",
@@ -48,20 +47,27 @@ def refine_bounds(gen: Generation, space: DesignSpace) -> dict[str, tuple[float,
     return out
 
 
-def _objective(u, fixed, lo, hi, gen, kt, params, scenario, mapping, concurrency, target, objective):
+def _objective(u, fixed, lo, hi, gen, kts, params, scenario, mappings, concurrency, weights, target, objective):
+    """Weighted sum over the workloads of the mix of each one's J at its own operating point."""
     p = dict(fixed)
     for i, a in enumerate(REFINE_AXES):
         p[a] = lo[i] + u[i] * (hi[i] - lo[i])
     cols = chip_columns(gen, p, jnp)
     chip = Chip(**{f: cols[f] for f in NUMERIC_FIELDS}, name=gen.name, vendor="candidate", provenance=())
-    out = evaluate_point(chip, kt, params, scenario, mapping, concurrency)
-    short = jnp.maximum(0.0, jnp.log(target) - jnp.log(out["interactivity_tok_s_user"]))
-    return jnp.log(out[objective]) - PENALTY * short**2
+    total = 0.0
+    for w, kt in enumerate(kts):
+        out = evaluate_point(chip, kt, params, scenario, mappings[w], concurrency[w])
+        short = jnp.maximum(0.0, jnp.log(target) - jnp.log(out["interactivity_tok_s_user"]))
+        j = jnp.log(out[objective]) - PENALTY * short**2
+        total = total + jnp.where(weights[w] > 0, weights[w] * j, 0.0)  # weight 0: no operating point there
+    return total
 
 
-def _climb(u0, fixed, lo, hi, kt, params, scenario, mappings, concurrency, target, lr, *, gen, objective, steps):
-    def one(u_init, fix, m, c):
-        f = lambda u: _objective(u, fix, lo, hi, gen, kt, params, scenario, m, c, target, objective)  # noqa: E731
+def _climb(u0, fixed, lo, hi, kts, params, scenario, mappings, concurrency, weights, target, lr, *, gen, objective,
+           steps):
+    def one(u_init, fix, m, c, wt):
+        f = lambda u: _objective(u, fix, lo, hi, gen, kts, params, scenario, m, c, wt, target,  # noqa: E731
+                                 objective)
         vg = jax.value_and_grad(f)
 
         def step(state, t):
@@ -83,16 +89,23 @@ def _climb(u0, fixed, lo, hi, kt, params, scenario, mappings, concurrency, targe
         take_last = jnp.isfinite(j_last) & (j_last > best_j)
         return jnp.where(take_last, u, best_u), jnp.where(take_last, j_last, best_j), f(u_init)
 
-    return jax.vmap(one)(u0, fixed, mappings, concurrency)
+    return jax.vmap(one)(u0, fixed, mappings, concurrency, weights)
 
 
-def refine_designs(gen: Generation, space: DesignSpace, start: dict[str, np.ndarray], mappings: Mapping,
-                   concurrency: np.ndarray, kt, params, scenario, target_tok_s_user: float,
+def refine_designs(gen: Generation, space: DesignSpace, start: dict[str, np.ndarray], mappings,
+                   concurrency, kt, params, scenario, target_tok_s_user: float,
                    objective: str = "total_tok_s_per_kw", steps: int | None = None,
-                   step_size: float | None = None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """Refined axis values for K starting designs (``start``: axis -> [K]; ``mappings``: Mapping with [K] leaves;
-    ``concurrency``: [K]). Returns (params, J at the start, J at the refined point); rounded to 6 significant
-    digits so that a design id does not depend on the last bits of a floating-point climb."""
+                   step_size: float | None = None, weights=None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """Refined axis values for K starting designs (``start``: axis -> [K]). One workload: ``kt`` its kernel table,
+    ``mappings`` a Mapping with [K] leaves and ``concurrency`` [K]. A mix of W workloads: ``kt`` a list of W tables,
+    ``mappings`` a list of W such Mappings, ``concurrency`` [W, K] and ``weights`` [W, K] (the mix weight, 0 where a
+    design has no operating point at the target on that workload). Returns (params, J at the start, J at the
+    refined point); values rounded to 6 significant digits so that a design id does not depend on the last bits of
+    a floating-point climb."""
+    if not isinstance(kt, (list, tuple)):
+        kt, mappings, concurrency = [kt], [mappings], np.asarray(concurrency)[None]
+    k = len(np.asarray(start["compute_dies"]))
+    weights = np.ones((len(kt), k)) if weights is None else np.asarray(weights, np.float64)
     bounds = refine_bounds(gen, space)
     lo = jnp.asarray([bounds[a][0] for a in REFINE_AXES], jnp.float32)
     hi = jnp.asarray([bounds[a][1] for a in REFINE_AXES], jnp.float32)
@@ -102,7 +115,8 @@ def refine_designs(gen: Generation, space: DesignSpace, start: dict[str, np.ndar
     fixed = {a: jnp.asarray(start[a], jnp.float32) for a in AXES if a not in REFINE_AXES}
     # the generation's figures are constants of the climb (closed over: a Generation is not a pytree)
     climb = jax.jit(functools.partial(_climb, gen=gen, objective=objective, steps=int(steps or space.refine_steps)))
-    u, j_end, j_start = climb(u0, fixed, lo, hi, kt, params, scenario, mappings, jnp.asarray(concurrency, jnp.float32),
+    u, j_end, j_start = climb(u0, fixed, lo, hi, tuple(kt), params, scenario, tuple(mappings),
+                              jnp.asarray(np.asarray(concurrency).T, jnp.float32), jnp.asarray(weights.T, jnp.float32),
                               jnp.float32(target_tok_s_user), jnp.float32(step_size or space.refine_step_size))
     x = np.asarray(lo, np.float64) + np.asarray(u, np.float64) * (np.asarray(hi, np.float64) - np.asarray(lo))
     out = {a: np.asarray(start[a], np.float64).copy() for a in AXES}

@@ -77,3 +77,25 @@ def test_bounds_respect_the_generation():
     assert b["power_rating_w"][1] == min(2500.0, gen.max_package_power_w)
     assert b["hbm_speed_scale"][1] == pytest.approx(
         min(1.15, gen.hbm_stack_bandwidth_max_bytes_per_s / gen.hbm_stack_bandwidth_bytes_per_s))
+
+
+def test_mix_refinement_weights_workloads(setup):
+    gen, space, kt, sc, params, start, maps, conc = setup
+    arch_b = ModelArchitecture.from_dict(load_yaml("workload/gpt_oss_20b.yaml"))
+    kt_b = build_kernel_table(arch_b, Precision.from_dict(load_yaml("precision/fp8.yaml")))
+    m = stack_mappings(maps)
+    cc = np.stack([conc, conc])
+    # a workload with weight 0 is ignored: the same climb as the first workload alone
+    alone = refine_designs(gen, space, start, m, conc, kt, params, sc, 60.0, steps=10)[0]
+    masked = refine_designs(gen, space, start, [m, m], cc, [kt, kt_b], params, sc, 60.0, steps=10,
+                            weights=np.stack([np.ones(3), np.zeros(3)]))[0]
+    assert all(np.allclose(alone[a], masked[a], rtol=1e-5) for a in alone)
+    # both weighted: the mix's summed log objective, re-evaluated by the models, improves for every design
+    both = refine_designs(gen, space, start, [m, m], cc, [kt, kt_b], params, sc, 60.0, steps=25,
+                          weights=np.ones((2, 3)))[0]
+    for i in range(3):
+        before = sum(np.log(_value(gen, start, i, k, params, sc, maps[i], conc[i], "total_tok_s_per_kw")[0])
+                     for k in (kt, kt_b))
+        after = sum(np.log(_value(gen, both, i, k, params, sc, maps[i], conc[i], "total_tok_s_per_kw")[0])
+                    for k in (kt, kt_b))
+        assert after > before
