@@ -1,6 +1,8 @@
 """``python -m codesign.calibrate``: fit the serving model's named parameters to measured serving results.
 
-One set of parameters shared by every chip (no per-row or per-chip fitting) is fitted to
+One set of parameters per vendor family (``families=true``, the default: a shared set plus penalised family
+offsets, :func:`fit_families`) or one shared by every chip (``families=false``), never per row or per chip, is
+fitted to
 ``../shared/reference/measured_calibration.csv`` by gradient-based least squares on the log error,
 sum_rows (log predicted - log measured)^2, with the serving model's own JAX gradients (Adam; fractions are fitted
 through a logistic, positive quantities through a log, so every iterate is a valid parameter set). The result,
@@ -30,7 +32,7 @@ from serving.perf import ServingParams
 from sweeps.store import atomic_write_text
 
 PROG = "codesign.calibrate"
-KEYS = ("serving", "reference", "output", "fit", "iterations", "learning_rate")
+KEYS = ("serving", "reference", "output", "fit", "iterations", "learning_rate", "families", "family_penalty")
 FRACTIONS = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "memory_efficiency_max",
              "link_efficiency", "comm_overlap", "hbm_reserve_fraction")
 DEFAULT_FIT = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "memory_efficiency_max",
@@ -100,6 +102,78 @@ def fit(predictor: Predictor, specs, base: ServingParams, fields, iterations: in
     return from_z(z, base, fields), history
 
 
+def fit_families(predictor: Predictor, specs, base: ServingParams, fields, iterations: int, lr: float,
+                 penalty: float, log=print):
+    """One set per vendor family, fitted jointly as a shared set plus a family offset (hierarchical least squares):
+    row r of family f is predicted with from_z(z + d_f) and the loss is
+
+        mean_r (log predicted_r - log measured_r)^2 + penalty x sum_f |d_f|^2
+
+    so a family with few rows stays near the shared set, and the shared set (used for chips of families without
+    rows: candidate designs, vendors never measured) is the compromise the penalty draws. Adam on (z, d) with the
+    same deterministic backtracking as :func:`fit`. Returns (ParamSet, history)."""
+    from serving.perf import ParamSet, family_of
+
+    terms = [predictor.loss_terms(s) for s in specs]
+    fams = sorted({family_of(predictor.vendor(s)) for s in specs})
+    row_f = [fams.index(family_of(predictor.vendor(s))) for s in specs]
+    p = len(fields)
+    x = jnp.concatenate([to_z(base, fields), jnp.zeros(len(fams) * p, jnp.float32)])
+    m, v = jnp.zeros_like(x), jnp.zeros_like(x)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    history = []
+
+    def split(x):
+        return x[:p], x[p:].reshape(len(fams), p)
+
+    def loss_and_grad(x):
+        z, d = split(x)
+        total, gz, gd = 0.0, jnp.zeros(p), jnp.zeros((len(fams), p))
+        for f in range(len(fams)):
+            zf = z + d[f]
+            params = from_z(zf, base, fields)
+            vjp_fn = jax.vjp(lambda zz: from_z(zz, base, fields), zf)[1]
+            grad_p = None
+            for (static, args), rf in zip(terms, row_f):
+                if rf != f:
+                    continue
+                val, g = row_log_error(params, static, *args)
+                total += float(val)
+                grad_p = g if grad_p is None else jax.tree_util.tree_map(jnp.add, grad_p, g)
+            if grad_p is not None:
+                (g_f,) = vjp_fn(grad_p)
+                gz, gd = gz + g_f, gd.at[f].add(g_f)
+        n = len(terms)
+        loss = total / n + penalty * float(jnp.sum(d * d))
+        return loss, jnp.concatenate([gz / n, (gd / n + 2.0 * penalty * d).reshape(-1)])
+
+    prev, best = None, (float("inf"), x)
+    for it in range(iterations):
+        loss, g = loss_and_grad(x)
+        if not (math.isfinite(loss) and bool(jnp.all(jnp.isfinite(g)))):
+            if prev is None:
+                raise ConfigError("serving", "the starting parameters leave some rows unpredictable; "
+                                             "validate them first (python -m codesign.validate)")
+            x, m, v = prev
+            lr *= 0.5
+            history.append(float("nan"))
+            log(f"  iteration {it:4d}  step rejected (a row became unpredictable); learning rate {lr:.3g}")
+            continue
+        if loss < best[0]:
+            best = (loss, x)
+        prev = (x, m, v)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        x = x - lr * (m / (1 - b1 ** (it + 1))) / (jnp.sqrt(v / (1 - b2 ** (it + 1))) + eps)
+        history.append(loss)
+        if it % 10 == 0 or it == iterations - 1:
+            log(f"  iteration {it:4d}  objective {loss:.4f}")
+    z, d = split(best[1])
+    history.append(best[0])
+    shared = from_z(z, base, fields)
+    return ParamSet(shared, tuple((f, from_z(z + d[i], base, fields)) for i, f in enumerate(fams))), history
+
+
 def _validate(cfg: dict, overridden=()):
     for k in cfg:
         if k not in KEYS:
@@ -112,6 +186,10 @@ def _validate(cfg: dict, overridden=()):
             raise ConfigError(f"fit[{i}]", f"unknown serving parameter {f!r} (known: {', '.join(sorted(names))})")
     iterations = check_quantity(cfg["iterations"], "iterations", integer=True)
     lr = check_quantity(cfg["learning_rate"], "learning_rate")
+    if not isinstance(cfg["families"], bool):
+        raise ConfigError("families", f"expected true (one set per vendor family) or false (one set), "
+                                      f"got {cfg['families']!r}")
+    penalty = check_quantity(cfg["family_penalty"], "family_penalty", allow_zero=True)
     from codesign.validate import DEFAULT_REFERENCE
 
     ref = Path(cfg["reference"]) if cfg["reference"] else DEFAULT_REFERENCE
@@ -121,23 +199,41 @@ def _validate(cfg: dict, overridden=()):
     if missing:
         raise ConfigError(str(ref), f"rows without a measured value cannot be fitted: {', '.join(missing[:5])}")
     out = Path(cfg["output"]) if cfg["output"] else CONF_DIR / "serving" / "calibrated.yaml"
-    return base, fields, iterations, lr, ref, predictor, rows, specs, out
+    return base, fields, iterations, lr, ref, predictor, rows, specs, out, cfg["families"], penalty
 
 
-def calibration_yaml(params: ServingParams, fields, ref: Path, specs, records, history) -> str:
+def calibration_yaml(params, fields, ref: Path, specs, records, history, penalty: float | None = None) -> str:
+    """The calibration file. ``params``: a ServingParams (one set for all chips) or a ParamSet (shared + per
+    family)."""
+    from serving.perf import ParamSet
+
+    pset = params if isinstance(params, ParamSet) else ParamSet(params)
     errs = [abs(float(r["error_pct"])) for r in records if r["error_pct"]]
+    how = (["one parameter set per vendor family (a shared set plus penalised family offsets;",
+            "# chips of other families and candidate designs use the shared set),"] if pset.families
+           else ["one parameter set shared by all chips,"])
     lines = ["# Serving-model parameters fitted by `python -m codesign.calibrate` (do not edit by hand: refit).",
-             f"# Fitted on {len(specs)} rows of {ref.name}: one parameter set shared by all chips, gradient-based",
-             "# least squares on log error (codesign/calibrate.py). Per-row errors are in `fit` below.", ""]
+             f"# Fitted on {len(specs)} rows of {ref.name}: {how[0]}", *how[1:],
+             "# gradient-based least squares on log error (codesign/calibrate.py). Per-row errors are in `fit` below.",
+             ""]
     for f in dataclasses.fields(ServingParams):
-        v = float(getattr(params, f.name))
+        v = float(getattr(pset.shared, f.name))
         tag = "  # fitted" if f.name in fields else "  # kept from the starting config"
         lines.append(f"{f.name}: {v:.6g}{tag}")
+    if pset.families:
+        lines.append("families:  # fitted per vendor family (the chip's vendor, lower case)")
+        for name, fp in pset.families:
+            lines.append(f"  {name}:")
+            lines += [f"    {f}: {float(getattr(fp, f)):.6g}" for f in fields]
     lines += ["fit:", f"  data: {ref.name}", f"  rows: {len(specs)}", f"  iterations: {len(history)}",
-              f"  final_mean_squared_log_error: {history[-1]:.6g}",
+              (f"  final_objective: {history[-1]:.6g}  # mean squared log error + family penalty" if pset.families
+               else f"  final_mean_squared_log_error: {history[-1]:.6g}"),
               f"  median_abs_error_pct: {float(np.median(errs)):.2f}" if errs else "  median_abs_error_pct: null",
               f"  p90_abs_error_pct: {float(np.percentile(errs, 90)):.2f}" if errs else "  p90_abs_error_pct: null",
-              "  fitted: [" + ", ".join(fields) + "]", "  per_row_error_pct:"]
+              "  fitted: [" + ", ".join(fields) + "]"]
+    if pset.families:
+        lines.append(f"  family_penalty: {penalty:g}")
+    lines.append("  per_row_error_pct:")
     for r in records:
         lines.append(f"    {r['id']}: {r['error_pct'] or 'null'}")
     return "\n".join(lines) + "\n"
@@ -148,15 +244,19 @@ def _main(cfg: DictConfig) -> None:
     from codesign.validate import summary, validate_rows
 
     try:
-        base, fields, iterations, lr, ref, predictor, rows, specs, out = _validate(
+        base, fields, iterations, lr, ref, predictor, rows, specs, out, families, penalty = _validate(
             OmegaConf.to_container(cfg, resolve=True))
     except ConfigError as err:
         fail(PROG, err)
     t0 = time.perf_counter()
-    print(f"{PROG}: fitting {len(fields)} parameters to {len(specs)} rows of {ref}")
-    params, history = fit(predictor, specs, base, fields, iterations, lr)
+    per = "per vendor family" if families else "shared by all chips"
+    print(f"{PROG}: fitting {len(fields)} parameters ({per}) to {len(specs)} rows of {ref}")
+    if families:
+        params, history = fit_families(predictor, specs, base, fields, iterations, lr, penalty)
+    else:
+        params, history = fit(predictor, specs, base, fields, iterations, lr)
     records = validate_rows(predictor, params, rows, specs)
-    atomic_write_text(out, calibration_yaml(params, fields, ref, specs, records, history))
+    atomic_write_text(out, calibration_yaml(params, fields, ref, specs, records, history, penalty))
     print(summary(records, 5))
     print(f"{PROG}: wrote {out} in {time.perf_counter() - t0:.0f} s")
 

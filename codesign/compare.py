@@ -101,7 +101,7 @@ def _sweep_chip(row: dict):
 def _validate(cfg: dict, overridden=()):
     from codesign.schema import load_hardware_preset
     from serving.architecture import ModelArchitecture
-    from serving.perf import ServingParams
+    from serving.perf import ParamSet
     from serving.precision import Precision
     from serving.scenario import Scenario
 
@@ -110,7 +110,7 @@ def _validate(cfg: dict, overridden=()):
             raise ConfigError(k, f"unknown key (known: {', '.join(('sweep',) + KEYS[:5] + KEYS[6:])})")
     precision = Precision.from_dict(cfg["precision"], "precision")
     scenario = Scenario.from_dict(cfg["scenario"], "scenario")
-    params = ServingParams.from_dict(cfg["serving"], "serving")
+    params = ParamSet.from_dict(cfg["serving"], "serving")  # presets use their vendor family's set
     if cfg.get("format") not in ("table", "json"):
         raise ConfigError("format", f"must be table or json, got {cfg.get('format')!r}")
     out = cfg.get("output")
@@ -170,22 +170,24 @@ def evaluate(args: dict):
     groups: dict[str, list] = {}
     for label, chip, source, row in args["designs"]:
         gen = "presets" if source == "preset" else str(row.get("generation") or "sweep")
-        groups.setdefault(gen, []).append((label, chip, source, row))
+        vendor = chip.vendor if source == "preset" else "candidate"
+        groups.setdefault((gen, vendor), []).append((label, chip, source, row))
     tables = []
     for arch in args["archs"]:
         kt = build_kernel_table(arch, args["precision"])
         shared = SharedInputs(workload=arch.name, precision=args["precision"].name, scenario=sc.name, kernels=kt,
-                              params=args["params"], scenario_spec=sc,
+                              params=args["params"].shared, scenario_spec=sc,
                               mappings=stack_mappings(enumerate_mappings(arch, sc.max_chips)),
-                              concurrency=np.asarray(sc.concurrency, dtype=np.float32))
-        for gen, items in groups.items():
+                              concurrency=np.asarray(sc.concurrency, dtype=np.float32),
+                              families=args["params"].families)
+        for (gen, vendor), items in groups.items():
             reasons = [(r or {}).get("_design_reason", "") for _, _, _, r in items]
             cost = np.asarray([float((r or {}).get("chip_cost_usd") or np.nan) for _, _, _, r in items])
             ds = DesignSet(generation=gen, design_id=[i[0] for i in items],
                            name=[c.name if s == "sweep" else label for label, c, s, _ in items],
                            kind=["preset" if s == "preset" else "candidate" for _, _, s, _ in items],
                            chips=stack([c for _, c, _, _ in items], gen), feasible=np.asarray([not r for r in reasons]),
-                           reason=reasons, params={}, extra={"chip_cost_usd": cost})
+                           reason=reasons, params={}, extra={"chip_cost_usd": cost}, vendor=vendor)
             tables.append(evaluate_rows(shared, ds))
     return pa.concat_tables(tables, promote_options="default")
 

@@ -253,11 +253,22 @@ class Predictor:
         maps = mappings_for(spec, arch, sc.max_chips)
         return arch, stack([chip]), kt, sc, maps, stack_mappings(maps)
 
+    def vendor(self, spec: RowSpec) -> str:
+        """The row's chip vendor (whose family's serving parameters predict it)."""
+        from arch_space.chip import Chip
+
+        return self._get(("chip", spec.hardware),
+                         lambda: Chip.from_dict(self._load(f"hardware/{spec.hardware}.yaml"), spec.hardware)).vendor
+
     def predict(self, spec: RowSpec, params):
-        """(value, mapping name, concurrency) for the row under serving parameters ``params``."""
+        """(value, mapping name, concurrency) for the row under serving parameters ``params`` (a ServingParams, or
+        a ParamSet: the set of the row's chip's vendor family)."""
         from serving.mappings import mapping_name
+        from serving.perf import ParamSet
         from serving.serve import evaluate_grid
 
+        if isinstance(params, ParamSet):
+            params = params.for_vendor(self.vendor(spec))
         arch, chips, kt, sc, maps, stacked = self.inputs(spec)
         out = evaluate_grid(chips, kt, params, sc, stacked, np.asarray(sc.concurrency, np.float32))
         out = {k: v[0] for k, v in out.items()}

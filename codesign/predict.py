@@ -21,7 +21,7 @@ from codesign.cli import CONF_DIR, entry, fail, overridden_keys
 from codesign.recommend import pareto_frontier
 from codesign.schema import load_workload
 from arch_space.chip import Chip
-from serving.perf import INFEASIBLE_REASONS, ServingParams
+from serving.perf import INFEASIBLE_REASONS, ParamSet
 from serving.precision import Precision
 from serving.scenario import Scenario
 
@@ -45,7 +45,7 @@ def _validate(cfg: dict, overridden=()):
     scenario = Scenario.from_dict(cfg["scenario"], "scenario")
     if scenario.draft_tokens and not arch.num_mtp_layers:
         raise ConfigError("scenario.draft_tokens", f"{arch.name} has no MTP head for speculative decoding")
-    params = ServingParams.from_dict(cfg["serving"], "serving")
+    params = ParamSet.from_dict(cfg["serving"], "serving").for_vendor(chip.vendor)  # the chip's vendor family
     if cfg["format"] not in ("table", "json"):
         raise ConfigError("format", f"must be table or json, got {cfg['format']!r}")
     if not isinstance(cfg["frontier_only"], bool):

@@ -20,7 +20,7 @@ from arch_space.technology import Generation
 from arch_space.validation import build, check_quantities, check_quantity, choice, quantity
 from serving.architecture import ModelArchitecture
 from serving.precision import Precision
-from serving.perf import ServingParams
+from serving.perf import ParamSet, ServingParams
 from serving.scenario import Scenario
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -93,6 +93,11 @@ class Study:
     raw: dict
     # the weighted workload mix designs are selected over; ``workload`` is its primary member (plots, refinement)
     mix: tuple[tuple[ModelArchitecture, float], ...] = ()
+    # serving parameters per vendor family (``serving`` above is their shared set: candidates and unmeasured vendors)
+    serving_set: ParamSet | None = None
+
+    def params_for(self, vendor: str | None) -> ServingParams:
+        return self.serving_set.for_vendor(vendor) if self.serving_set else self.serving
 
     @property
     def workloads(self) -> tuple[ModelArchitecture, ...]:
@@ -198,6 +203,7 @@ def load_study(cfg: dict, *, overridden: tuple[str, ...] = (), conf_dir: Path = 
         sweep=SweepConfig.from_dict(cfg["sweep"], "sweep"),
         report=ReportConfig.from_dict(cfg["report"], "report"),
         serving=ServingParams.from_dict(cfg["serving"], "serving"),
+        serving_set=ParamSet.from_dict(cfg["serving"], "serving"),
         competitors=competitors,
         raw=cfg,
         mix=mix,

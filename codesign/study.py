@@ -52,6 +52,18 @@ def preset_designs(study: Study) -> DesignSet:
         params={}, extra={"chip_cost_usd": np.full(n, np.nan), "origin": np.asarray(["preset"] * n, dtype=object)})
 
 
+def preset_sets(study: Study) -> list[DesignSet]:
+    """The presets split by vendor: each set is evaluated with its vendor family's serving parameters."""
+    ds = preset_designs(study)
+    vendors = [c.vendor for c in [study.hardware] + [c for c in study.competitors if c.name != study.hardware.name]]
+    out = []
+    for v in sorted(set(vendors)):
+        sub = ds.take([i for i, x in enumerate(vendors) if x == v])
+        sub.vendor = v
+        out.append(sub)
+    return out
+
+
 def candidate_designs(study: Study) -> list[DesignSet]:
     grid = study.space.points()
     out = []
@@ -129,7 +141,8 @@ def _shared(study: Study, arch) -> SharedInputs:
     return SharedInputs(workload=arch.name, precision=study.precision.name, scenario=study.scenario.name,
                         kernels=build_kernel_table(arch, study.precision), params=study.serving,
                         scenario_spec=study.scenario, mappings=stack_mappings(study_mappings(study, arch)),
-                        concurrency=np.asarray(study.scenario.concurrency, dtype=np.float32), keep=study.sweep.keep)
+                        concurrency=np.asarray(study.scenario.concurrency, dtype=np.float32), keep=study.sweep.keep,
+                        families=study.serving_set.families if study.serving_set else ())
 
 
 def _sweep(study: Study, shared: SharedInputs, store: ResultStore, design_sets: list[DesignSet]) -> int:
@@ -235,11 +248,12 @@ def analysis(study: Study, table: pa.Table, rec, log=print) -> dict:
             who = {"design_id": row["design_id"], "name": row["name"], "generation": row["generation"],
                    "workload": arch.name}
             c = float(row["concurrency"])
-            att = time_attribution(chip, kt, study.serving, study.scenario, m, c)
+            params = study.params_for(study.hardware.vendor if row["kind"] == "baseline" else "candidate")
+            att = time_attribution(chip, kt, params, study.scenario, m, c)
             out["attribution"] += [who | {"phase": ph} | v for ph, v in att.items()]
-            out["roofline"].append(who | roofline_points(chip, kt, study.serving, study.scenario, m, c))
+            out["roofline"].append(who | roofline_points(chip, kt, params, study.scenario, m, c))
             if arch is study.workload:
-                res = resource_sensitivities(chip, kt, study.serving, study.scenario, m, target, metric=objective)
+                res = resource_sensitivities(chip, kt, params, study.scenario, m, target, metric=objective)
                 out["sensitivity"].append(who | {"metric": objective, "target_tok_s_user": target,
                                                  "mapping": row["mapping"], "resources": res})
     log(f"codesign: sensitivities of {len(out['sensitivity'])} designs, attribution and rooflines on "
@@ -250,7 +264,7 @@ def analysis(study: Study, table: pa.Table, rec, log=print) -> dict:
 def run_study(study: Study, run_dir: Path, *, log=print) -> dict[str, Path]:
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
-    design_sets = [preset_designs(study)] + candidate_designs(study)
+    design_sets = preset_sets(study) + candidate_designs(study)
     import ray
 
     started_here = not ray.is_initialized()

@@ -24,7 +24,7 @@ from arch_space.errors import ConfigError
 from arch_space.validation import check_quantity
 from codesign.cli import CONF_DIR, entry, fail
 from codesign.fidelity import COLUMNS, Predictor, read_reference
-from serving.perf import ServingParams
+from serving.perf import ParamSet
 from sweeps.store import atomic_write_text
 
 PROG = "codesign.validate"
@@ -37,7 +37,7 @@ def _validate(cfg: dict, overridden=()):
     for k in cfg:
         if k not in KEYS:
             raise ConfigError(k, f"unknown key (known: {', '.join(KEYS)})")
-    params = ServingParams.from_dict(cfg["serving"], "serving")
+    params = ParamSet.from_dict(cfg["serving"], "serving")  # per vendor family where the file has families
     ref = Path(cfg["reference"]) if cfg["reference"] else DEFAULT_REFERENCE
     if not isinstance(cfg["output"], str) or not cfg["output"]:
         raise ConfigError("output", f"expected a file path, got {cfg['output']!r}")

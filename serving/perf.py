@@ -58,8 +58,9 @@ class ServingParams:
 
     @classmethod
     def from_dict(cls, data, path: str = "serving") -> "ServingParams":
-        # a calibrated file carries its fit report under `fit` (data, per-row errors): not a model parameter
-        p = build(cls, data, path, ignore=("fit",))
+        # a calibrated file carries its fit report under `fit` (data, per-row errors) and per-vendor-family sets
+        # under `families` (ParamSet below): neither is a parameter of this set
+        p = build(cls, data, path, ignore=("fit", "families"))
         for f in _FRACTIONS:
             if getattr(p, f) > 1:
                 raise ConfigError(f"{path}.{f}", f"must be <= 1 (a fraction), got {getattr(p, f)}")
@@ -68,6 +69,39 @@ class ServingParams:
 
 jax.tree_util.register_dataclass(ServingParams, data_fields=[f.name for f in dataclasses.fields(ServingParams)],
                                  meta_fields=[])
+
+
+def family_of(vendor: str | None) -> str:
+    """The vendor family a chip's serving parameters come from: its vendor, case-folded ("NVIDIA" -> "nvidia")."""
+    return (vendor or "").strip().lower()
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamSet:
+    """Serving parameters per vendor family (the calibration issue allows one set per family): a ``shared`` set
+    for chips of families without their own (candidate designs, vendors with no measurements) and fitted sets for
+    the families in ``families`` (conf/serving/calibrated.yaml: a family lists only the values it overrides)."""
+    shared: ServingParams
+    families: tuple[tuple[str, ServingParams], ...] = ()
+
+    def for_vendor(self, vendor: str | None) -> ServingParams:
+        return dict(self.families).get(family_of(vendor), self.shared)
+
+    @classmethod
+    def from_dict(cls, data, path: str = "serving") -> "ParamSet":
+        shared = ServingParams.from_dict(data, path)
+        fams = (data or {}).get("families") or {}
+        if not isinstance(fams, dict):
+            raise ConfigError(f"{path}.families", f"expected a mapping of vendor families to parameters, got {fams!r}")
+        base = {k: v for k, v in data.items() if k not in ("fit", "families")}
+        out = []
+        for name, over in sorted(fams.items()):
+            if not isinstance(over, dict):
+                raise ConfigError(f"{path}.families.{name}", f"expected a mapping of parameters, got {over!r}")
+            if family_of(name) != name:
+                raise ConfigError(f"{path}.families.{name}", "family names are lower-case vendor names")
+            out.append((name, ServingParams.from_dict(base | over, f"{path}.families.{name}")))
+        return cls(shared, tuple(out))
 
 INFEASIBLE_REASONS = {
     1: "tensor / pipeline parallel group wider than the scale-up domain",
@@ -254,6 +288,6 @@ def memory_code(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, seque
     return code.astype(jnp.int32), weights + kv
 
 
-__all__ = ["ServingParams", "Mapping", "Work", "kernel_times", "step_time", "power_capped", "step_energy", "memory_code",
+__all__ = ["ServingParams", "ParamSet", "family_of", "Mapping", "Work", "kernel_times", "step_time", "power_capped", "step_energy", "memory_code",
            "allreduce_time", "alltoall_time", "allgather_time", "expected_experts", "ep_imbalance",
            "INFEASIBLE_REASONS", "ENERGY_PER_FLOP_RELATIVE", "GROUP_ATTENTION", "KIND_GEMM"]

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from arch_space.chip import NUMERIC_FIELDS, Chip
 from arch_space.design_space import AXES
 from serving.mappings import mapping_name
-from serving.perf import INFEASIBLE_REASONS
+from serving.perf import INFEASIBLE_REASONS, family_of
 from serving.serve import METRICS, evaluate_grid
 from sweeps.store import ResultStore, definition_hash
 
@@ -40,6 +40,7 @@ class DesignSet:
     reason: list[str]
     params: dict[str, np.ndarray]  # design axes (NaN for presets)
     extra: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    vendor: str = "candidate"  # whose family's serving parameters evaluate these designs (one vendor per set)
 
     def __len__(self):
         return len(self.design_id)
@@ -49,7 +50,8 @@ class DesignSet:
         chips = Chip(**{f: np.asarray(getattr(self.chips, f))[idx] for f in NUMERIC_FIELDS}, name=self.chips.name)
         return DesignSet(self.generation, [self.design_id[i] for i in idx], [self.name[i] for i in idx],
                          [self.kind[i] for i in idx], chips, self.feasible[idx], [self.reason[i] for i in idx],
-                         {k: v[idx] for k, v in self.params.items()}, {k: v[idx] for k, v in self.extra.items()})
+                         {k: v[idx] for k, v in self.params.items()}, {k: v[idx] for k, v in self.extra.items()},
+                         self.vendor)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,7 @@ class SharedInputs:
     mappings: object  # serving.perf.Mapping with [M] leaves
     concurrency: np.ndarray
     keep: str = "all"  # "all" operating points, or each design's "frontier" (see frontier_mask)
+    families: tuple = ()  # (vendor family, ServingParams) pairs: a design set of that vendor uses its own set
     pad_to: int = 0  # evaluate batches padded to this many designs: one compiled shape per worker
 
 
@@ -112,7 +115,8 @@ def evaluate_rows(shared: SharedInputs, ds: DesignSet) -> pa.Table:
     if len(ok):
         sub = ds.take(ok)
         pad = _bucket(len(ok), shared.pad_to) if shared.pad_to else 0
-        out = evaluate_grid(_padded(sub.chips, len(ok), pad), shared.kernels, shared.params,
+        params = dict(shared.families).get(family_of(ds.vendor), shared.params)
+        out = evaluate_grid(_padded(sub.chips, len(ok), pad), shared.kernels, params,
                             shared.scenario_spec, mp, shared.concurrency)
         out = {k: np.asarray(v)[:len(ok)] for k, v in out.items()}
         n_rows = len(ok) * m * c

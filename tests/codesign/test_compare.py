@@ -36,8 +36,11 @@ def _sweep_dir(tmp_path, preset="gb200", design_id="abcdef0123456789"):
 
 def test_compare_rebuilds_a_sweep_design_and_matches_its_preset(tmp_path):
     run = _sweep_dir(tmp_path)
+    # serving=default has no vendor families: the preset (NVIDIA's set under serving=calibrated) and the rebuilt
+    # candidate (the shared set) are then evaluated with the same parameters
     cfg = _compose(["designs=[gb200,abcdef01]", "workloads=[llama3_8b]", "scenario=inferencex_1k1k",
-                    f"sweep_dir={run}", f"output={tmp_path / 'out'}", "targets=[50,100]"], "compare")
+                    f"sweep_dir={run}", f"output={tmp_path / 'out'}", "targets=[50,100]", "serving=default"],
+                   "compare")
     args = compare._validate(cfg)
     assert [d[0] for d in args["designs"]] == ["gb200", "abcdef0123456789"]  # unique prefix resolved
     result = compare.run(args)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from arch_space.errors import ConfigError
-from codesign.calibrate import fit
+from codesign.calibrate import fit, fit_families
 from codesign.cli import CONF_DIR
 from codesign.fidelity import COLUMNS, Predictor, read_reference
 from serving.perf import ServingParams
@@ -59,6 +59,36 @@ def test_calibration_recovers_known_parameters_from_synthetic_data(tmp_path):
     assert float(fitted.memory_efficiency_max) == pytest.approx(0.7, rel=0.05)
     again, _ = fit(predictor, specs, start, fields, iterations=120, lr=0.05, log=lambda *_: None)
     assert float(again.kernel_overhead_s) == float(fitted.kernel_overhead_s)  # deterministic
+
+
+@pytest.mark.slow
+def test_family_calibration_recovers_each_vendors_parameters(tmp_path):
+    """Synthetic rows of two vendors generated with different memory efficiencies: the per-family fit recovers
+    each family's value (a shared fit could only split the difference)."""
+    from serving.perf import ParamSet
+
+    predictor = Predictor(CONF_DIR)
+    base = ServingParams.from_dict(load_yaml("serving/default.yaml"))
+    truth = ParamSet(base, (("amd", dataclasses.replace(base, memory_efficiency_max=0.55)),
+                            ("nvidia", dataclasses.replace(base, memory_efficiency_max=0.8))))
+    rows = [row(0), row(1, isl="8192"), row(2, hardware="h200_sxm"),
+            row(3, hardware="mi355x"), row(4, hardware="mi355x", isl="8192"), row(5, hardware="mi300x")]
+    path = write_rows(tmp_path / "synthetic.csv", rows)
+    _, specs = read_reference(path, predictor.models, predictor.hardware)
+    for r, s in zip(rows, specs):
+        r["value"] = f"{float(predictor.predict(s, truth)[0]):.8g}"  # ParamSet: each row's vendor family
+    write_rows(path, rows)
+    _, specs = read_reference(path, predictor.models, predictor.hardware)
+    fields = ("memory_efficiency_max",)
+    fitted, history = fit_families(predictor, specs, base, fields, iterations=150, lr=0.05, penalty=1e-4,
+                                   log=lambda *_: None)
+    fams = dict(fitted.families)
+    assert set(fams) == {"amd", "nvidia"}
+    assert float(fams["amd"].memory_efficiency_max) == pytest.approx(0.55, rel=0.03)
+    assert float(fams["nvidia"].memory_efficiency_max) == pytest.approx(0.8, rel=0.03)
+    assert history[-1] < 1e-3 < history[0]
+    # the shared set (for vendors without rows and candidate designs) lies between the families
+    assert 0.55 < float(fitted.shared.memory_efficiency_max) < 0.8
 
 
 @pytest.mark.parametrize("edit,expect", [
