@@ -512,8 +512,11 @@ def headline_lines(rec: Recommendation, prog: str = "codesign") -> list[str]:
         if d is None:
             lines.append(f"{prog}: {g}: no candidate reaches {t:g} tok/s/user on the mix")
             continue
-        vs = [f"{rec.gain(d, rec.baseline, t):.2f}x {base}"] if rec.baseline else []
-        vs += [f"{rec.gain(d, c, t):.2f}x {c.name}" for c in rec.competitors]
+        def x(g):  # NaN: one of the two cannot reach the target on a workload of the mix
+            return f"{g:.2f}x" if np.isfinite(g) else "n/a"
+
+        vs = [f"{x(rec.gain(d, rec.baseline, t))} {base}"] if rec.baseline else []
+        vs += [f"{x(rec.gain(d, c, t))} {c.name}" for c in rec.competitors]
         rob = rec.robust.get(g, {}).get(t)
         lines.append(f"{prog}: {g} best at {t:g} tok/s/user: {d.design_id} ({d.name}) {rec.objective}: "
                      + ", ".join(vs) + f"; {len(rec.pareto[g][t])} Pareto-optimal over the mix"
