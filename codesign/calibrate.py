@@ -53,101 +53,14 @@ def from_z(z, base: ServingParams, fields) -> ServingParams:
     return dataclasses.replace(base, **vals)
 
 
-def fit(predictor: Predictor, specs, base: ServingParams, fields, iterations: int, lr: float, log=print):
-    """Adam on z (the transformed parameters); returns (params, history of losses)."""
-    terms = [predictor.loss_terms(s) for s in specs]
-    z = to_z(base, fields)
-    m = jnp.zeros_like(z)
-    v = jnp.zeros_like(z)
-    b1, b2, eps = 0.9, 0.999, 1e-8
-    history = []
-
-    def loss_and_grad(z):
-        params = from_z(z, base, fields)
-        total, grad_p = 0.0, None
-        vjp_fn = jax.vjp(lambda zz: from_z(zz, base, fields), z)[1]
-        for static, args in terms:
-            val, g = row_log_error(params, static, *args)
-            total += float(val)
-            grad_p = g if grad_p is None else jax.tree_util.tree_map(jnp.add, grad_p, g)
-        (gz,) = vjp_fn(grad_p)
-        return total / len(terms), gz / len(terms)
-
-    prev = None
-    best = (float("inf"), z)
-    for it in range(iterations):
-        loss, g = loss_and_grad(z)
-        if not (math.isfinite(loss) and bool(jnp.all(jnp.isfinite(g)))):
-            # a step left the region where every row is predictable (e.g. a row's interactivity became
-            # unreachable): go back and take half the step size (deterministic backtracking)
-            if prev is None:
-                raise ConfigError("serving", "the starting parameters leave some rows unpredictable; "
-                                             "validate them first (python -m codesign.validate)")
-            z, m, v = prev
-            lr *= 0.5
-            history.append(float("nan"))
-            log(f"  iteration {it:4d}  step rejected (a row became unpredictable); learning rate {lr:.3g}")
-            continue
-        if loss < best[0]:
-            best = (loss, z)
-        prev = (z, m, v)
-        m = b1 * m + (1 - b1) * g
-        v = b2 * v + (1 - b2) * g * g
-        z = z - lr * (m / (1 - b1 ** (it + 1))) / (jnp.sqrt(v / (1 - b2 ** (it + 1))) + eps)
-        history.append(loss)
-        if it % 10 == 0 or it == iterations - 1:
-            log(f"  iteration {it:4d}  mean squared log error {loss:.4f}")
-    z = best[1]
-    history.append(best[0])
-    return from_z(z, base, fields), history
-
-
-def fit_families(predictor: Predictor, specs, base: ServingParams, fields, iterations: int, lr: float,
-                 penalty: float, log=print):
-    """One set per vendor family, fitted jointly as a shared set plus a family offset (hierarchical least squares):
-    row r of family f is predicted with from_z(z + d_f) and the loss is
-
-        mean_r (log predicted_r - log measured_r)^2 + penalty x sum_f |d_f|^2
-
-    so a family with few rows stays near the shared set, and the shared set (used for chips of families without
-    rows: candidate designs, vendors never measured) is the compromise the penalty draws. Adam on (z, d) with the
-    same deterministic backtracking as :func:`fit`. Returns (ParamSet, history)."""
-    from serving.perf import ParamSet, family_of
-
-    terms = [predictor.loss_terms(s) for s in specs]
-    fams = sorted({family_of(predictor.vendor(s)) for s in specs})
-    row_f = [fams.index(family_of(predictor.vendor(s))) for s in specs]
-    p = len(fields)
-    x = jnp.concatenate([to_z(base, fields), jnp.zeros(len(fams) * p, jnp.float32)])
+def adam(loss_and_grad, x, iterations: int, lr: float, log=print, label: str = "mean squared log error"):
+    """Adam (Kingma & Ba 2015) minimising ``loss_and_grad(x) -> (loss, grad)`` from ``x``; returns (the best x
+    seen, the history of losses with the best appended). A step that leaves the region where every row is
+    predictable (a non-finite loss or gradient, e.g. a row's interactivity became unreachable) is undone and the
+    step size halved: deterministic backtracking."""
     m, v = jnp.zeros_like(x), jnp.zeros_like(x)
     b1, b2, eps = 0.9, 0.999, 1e-8
-    history = []
-
-    def split(x):
-        return x[:p], x[p:].reshape(len(fams), p)
-
-    def loss_and_grad(x):
-        z, d = split(x)
-        total, gz, gd = 0.0, jnp.zeros(p), jnp.zeros((len(fams), p))
-        for f in range(len(fams)):
-            zf = z + d[f]
-            params = from_z(zf, base, fields)
-            vjp_fn = jax.vjp(lambda zz: from_z(zz, base, fields), zf)[1]
-            grad_p = None
-            for (static, args), rf in zip(terms, row_f):
-                if rf != f:
-                    continue
-                val, g = row_log_error(params, static, *args)
-                total += float(val)
-                grad_p = g if grad_p is None else jax.tree_util.tree_map(jnp.add, grad_p, g)
-            if grad_p is not None:
-                (g_f,) = vjp_fn(grad_p)
-                gz, gd = gz + g_f, gd.at[f].add(g_f)
-        n = len(terms)
-        loss = total / n + penalty * float(jnp.sum(d * d))
-        return loss, jnp.concatenate([gz / n, (gd / n + 2.0 * penalty * d).reshape(-1)])
-
-    prev, best = None, (float("inf"), x)
+    history, prev, best = [], None, (float("inf"), x)
     for it in range(iterations):
         loss, g = loss_and_grad(x)
         if not (math.isfinite(loss) and bool(jnp.all(jnp.isfinite(g)))):
@@ -167,9 +80,71 @@ def fit_families(predictor: Predictor, specs, base: ServingParams, fields, itera
         x = x - lr * (m / (1 - b1 ** (it + 1))) / (jnp.sqrt(v / (1 - b2 ** (it + 1))) + eps)
         history.append(loss)
         if it % 10 == 0 or it == iterations - 1:
-            log(f"  iteration {it:4d}  objective {loss:.4f}")
-    z, d = split(best[1])
+            log(f"  iteration {it:4d}  {label} {loss:.4f}")
     history.append(best[0])
+    return best[1], history
+
+
+def _sum_rows(params: ServingParams, terms) -> tuple[float, object]:
+    """Sum of the rows' squared log errors and of their gradients in the serving parameters (None: no rows)."""
+    total, grad_p = 0.0, None
+    for static, args in terms:
+        val, g = row_log_error(params, static, *args)
+        total += float(val)
+        grad_p = g if grad_p is None else jax.tree_util.tree_map(jnp.add, grad_p, g)
+    return total, grad_p
+
+
+def fit(predictor: Predictor, specs, base: ServingParams, fields, iterations: int, lr: float, log=print):
+    """Adam on z (the transformed parameters); returns (params, history of losses)."""
+    terms = [predictor.loss_terms(s) for s in specs]
+
+    def loss_and_grad(z):
+        total, grad_p = _sum_rows(from_z(z, base, fields), terms)
+        (gz,) = jax.vjp(lambda zz: from_z(zz, base, fields), z)[1](grad_p)
+        return total / len(terms), gz / len(terms)
+
+    z, history = adam(loss_and_grad, to_z(base, fields), iterations, lr, log)
+    return from_z(z, base, fields), history
+
+
+def fit_families(predictor: Predictor, specs, base: ServingParams, fields, iterations: int, lr: float,
+                 penalty: float, log=print):
+    """One set per vendor family, fitted jointly as a shared set plus a family offset (hierarchical least squares):
+    row r of family f is predicted with from_z(z + d_f) and the loss is
+
+        mean_r (log predicted_r - log measured_r)^2 + penalty x sum_f |d_f|^2
+
+    so a family with few rows stays near the shared set, and the shared set (used for chips of families without
+    rows: candidate designs, vendors never measured) is the compromise the penalty draws. Adam on (z, d) with the
+    same deterministic backtracking (:func:`adam`). Returns (ParamSet, history)."""
+    from serving.perf import ParamSet, family_of
+
+    terms = [predictor.loss_terms(s) for s in specs]
+    fams = sorted({family_of(predictor.vendor(s)) for s in specs})
+    row_f = [fams.index(family_of(predictor.vendor(s))) for s in specs]
+    p = len(fields)
+    x0 = jnp.concatenate([to_z(base, fields), jnp.zeros(len(fams) * p, jnp.float32)])
+
+    def split(x):
+        return x[:p], x[p:].reshape(len(fams), p)
+
+    def loss_and_grad(x):
+        z, d = split(x)
+        total, gz, gd = 0.0, jnp.zeros(p), jnp.zeros((len(fams), p))
+        for f in range(len(fams)):
+            zf = z + d[f]
+            part, grad_p = _sum_rows(from_z(zf, base, fields), [t for t, rf in zip(terms, row_f) if rf == f])
+            total += part
+            if grad_p is not None:
+                (g_f,) = jax.vjp(lambda zz: from_z(zz, base, fields), zf)[1](grad_p)
+                gz, gd = gz + g_f, gd.at[f].add(g_f)
+        n = len(terms)
+        loss = total / n + penalty * float(jnp.sum(d * d))
+        return loss, jnp.concatenate([gz / n, (gd / n + 2.0 * penalty * d).reshape(-1)])
+
+    x, history = adam(loss_and_grad, x0, iterations, lr, log, label="objective")
+    z, d = split(x)
     shared = from_z(z, base, fields)
     return ParamSet(shared, tuple((f, from_z(z + d[i], base, fields)) for i, f in enumerate(fams))), history
 

@@ -246,7 +246,7 @@ def format_tables(values: list[dict], args: dict, reasons: dict) -> str:
 
 def frontier_plot(table, args: dict):
     """Tokens/s per chip and per kW against interactivity, one column per workload, log axes."""
-    from codesign.figures import COMP_COLORS, INTERACTIVITY_LABEL, FrontierData, _plain_log, plt
+    from codesign.figures import COMP_COLORS, INTERACTIVITY_LABEL, FrontierData, finish_frontier_axes, plt
 
     data = FrontierData(table)
     wls = [a.name for a in args["archs"]]
@@ -267,15 +267,7 @@ def frontier_plot(table, args: dict):
                                    if k else "black", label=label)
                     handles.setdefault(label, h)
                     drawn += 1
-            for t in args["targets"]:
-                ax.axvline(t, color="grey", lw=0.7, ls=":")
-            if drawn:
-                ax.set_xscale("log")
-                ax.set_yscale("log")
-                _plain_log(ax)
-                ax.grid(True, which="both", alpha=0.25)
-            else:
-                ax.text(0.5, 0.5, "no feasible operating point", ha="center", va="center", transform=ax.transAxes)
+            finish_frontier_axes(ax, args["targets"], drawn)
             ax.set_xlabel(INTERACTIVITY_LABEL)
             ax.set_ylabel(ylabel)
             ax.set_title(f"{w}: {ylabel}", fontsize=10)

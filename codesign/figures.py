@@ -88,6 +88,20 @@ def _grid(n: int, width: float = 5.2, height: float = 4.2, max_cols: int = 3, mi
     return fig, flat[:n]
 
 
+def finish_frontier_axes(ax, targets, drawn: int) -> None:
+    """A frontier panel's common finish: dotted target lines, log axes with plain ticks and a grid, or a note
+    when no curve was drawn."""
+    for t in targets:
+        ax.axvline(t, color="grey", lw=0.7, ls=":")
+    if drawn:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _plain_log(ax)
+        ax.grid(True, which="both", alpha=0.25)
+    else:
+        ax.text(0.5, 0.5, "no feasible operating point", ha="center", va="center", transform=ax.transAxes)
+
+
 def _plain_log(ax, axis: str = "xy"):
     """Log axes with plain tick numbers (50, 100, 200 rather than 5 x 10^1) and no minor tick labels."""
     fmt = FuncFormatter(lambda v, _pos: f"{v:,.6g}")
@@ -148,15 +162,7 @@ def frontier_figure(table: pa.Table, rec: Recommendation, metric: str, ylabel: s
                 (h,) = ax.plot(x[ok], y[ok], ms=3.5, label=lab, **st.get(d.design_id, {}))
                 handles.setdefault(lab, h)
                 drawn += 1
-        for t in rec.targets:
-            ax.axvline(t, color="grey", lw=0.7, ls=":")
-        if drawn:
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            _plain_log(ax)
-            ax.grid(True, which="both", alpha=0.25)
-        else:
-            ax.text(0.5, 0.5, "no feasible operating point", ha="center", va="center", transform=ax.transAxes)
+        finish_frontier_axes(ax, rec.targets, drawn)
         weight = rec.mix.get(w)
         ax.set_title(f"{w}" + (f" (mix weight {weight:.2g})" if weight is not None and len(rec.mix) > 1 else ""),
                      fontsize=10)

@@ -486,15 +486,20 @@ def _check_columns(names, res: Path) -> None:
                                    f"{', '.join(missing)})")
 
 
+def _read_parquet(path, read):
+    """``read(path)`` (pq.read_schema or pq.read_table), any failure as one ConfigError line naming the file."""
+    try:
+        return read(path)
+    except Exception as exc:
+        raise ConfigError("sweep", f"cannot read {str(path)!r} as Parquet: {_first_line(exc)}") from None
+
+
 def check_run(sweep_dir) -> None:
     """Start-up check of a run directory without reading the rows: files present, Parquet schema, JSON meta."""
     import pyarrow.parquet as pq
 
     res, study = _run_files(sweep_dir)
-    try:
-        schema = pq.read_schema(res)
-    except Exception as exc:
-        raise ConfigError("sweep", f"cannot read {str(res)!r} as Parquet: {_first_line(exc)}") from None
+    schema = _read_parquet(res, pq.read_schema)
     _check_columns(schema.names, res)
     _check_meta(schema.names, _read_meta(study))
 
@@ -504,10 +509,7 @@ def load_run(sweep_dir) -> tuple[pa.Table, dict]:
     import pyarrow.parquet as pq
 
     res, study = _run_files(sweep_dir)
-    try:
-        table = pq.read_table(res)
-    except Exception as exc:
-        raise ConfigError("sweep", f"cannot read {str(res)!r} as Parquet: {_first_line(exc)}") from None
+    table = _read_parquet(res, pq.read_table)
     _check_columns(table.column_names, res)
     meta = _read_meta(study)
     _check_meta(table.column_names, meta)
