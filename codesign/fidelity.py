@@ -36,6 +36,9 @@ METRICS = ("max_output_tput_per_chip", "total_tput_per_chip_at_interactivity", "
 PRECISIONS = ("bf16", "fp8", "fp4", "int4")
 OFFLINE_CONCURRENCY = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 CLOSED_LOOP_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+# a disaggregated decode pool with large EP holds hundreds of sequences per chip over tens of chips (the lmsys
+# deployments), so its grid goes on until the KV cache no longer fits (the memory check marks the rest infeasible)
+DISAGG_CONCURRENCY = CLOSED_LOOP_CONCURRENCY + (4096, 8192, 16384, 32768, 65536)
 DISAGG_DEFAULT_OSL = 1024  # decode length when a disaggregated row gives none (assumed: InferenceX's 1k outputs)
 MTP_ACCEPTANCE = 0.7  # per-token draft acceptance when a row runs MTP (assumed; DeepSeek-V3 reports 85-90% for
 # the first draft token, lower for later ones)
@@ -147,7 +150,7 @@ def scenario_for(spec: RowSpec, arch, chip):
         kind, conc = "offline", OFFLINE_CONCURRENCY
     elif spec.mapping == "disaggregated" or spec.metric in ("prefill_input_tput_per_chip",
                                                              "decode_output_tput_per_chip"):
-        kind, conc = "disaggregated", CLOSED_LOOP_CONCURRENCY
+        kind, conc = "disaggregated", DISAGG_CONCURRENCY
     else:
         kind, conc = "closed_loop", CLOSED_LOOP_CONCURRENCY
     draft = spec.draft_tokens if arch.num_mtp_layers else 0

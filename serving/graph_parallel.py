@@ -27,8 +27,10 @@ rank handles (the consumer applies the algorithm factor, e.g. 2 (g-1)/g for a ri
   local tokens x k x hidden x activation bytes x (ep - 1) / ep (the share of the k copies that leaves the rank),
   group ep.
 - Attention-DP combined with EP (dp_attention > 1 and ep > 1, SGLang's DP attention): the dense FFN and shared
-  expert are sharded across the DP ranks, so their input is all-gathered from the DP replicas before and
-  reduce-scattered after: the gathered buffer, tokens x hidden x activation bytes, group dp_attention, ring.
+  expert run data-parallel, each attention replica with its own copy tensor-parallel over its tp chips (SGLang's
+  ``--moe-dense-tp-size 1`` in the lmsys large-scale-EP deployments; the shared expert and DeepSeek's three dense
+  layers are small next to the routed experts), so they add only the replica's TP all-reduce, no DP gather. This
+  is the weight placement the serving model charges (``serving.perf``: non-expert weights per chip = bytes / tp).
 - PP send/recv of the hidden states at each stage boundary: local tokens x hidden x activation bytes, group 2,
   p2p; attached to the last kernel of the stage's last layer.
 """
@@ -111,7 +113,6 @@ def annotate_comm(kernels, mapping: ParallelMapping, arch, tokens: float, activa
     tp, ep, dp = mapping.tp, mapping.ep, mapping.dp_attention
     h, k = arch.hidden_size, max(arch.experts_per_token, 1)
     local = tokens / dp
-    full_msg = tokens * h * activation_bytes
     tp_msg = local * h * activation_bytes
     a2a = local * k * h * activation_bytes * (ep - 1) / ep
     boundaries = _stage_boundaries(arch.num_layers, mapping.pp) if mapping.pp > 1 else set()
@@ -127,11 +128,7 @@ def annotate_comm(kernels, mapping: ParallelMapping, arch, tokens: float, activa
         if trunk:
             if op == "o_proj" and tp > 1:
                 comm.append(Collective("all_reduce", tp_msg, tp, "ring", "after", "TP attention output"))
-            ffn_sharded_over_dp = dp > 1 and ep > 1 and op in ("mlp", "shared_expert")
-            if ffn_sharded_over_dp:
-                comm.append(Collective("all_gather", full_msg, dp, "ring", "before", "attention-DP gather"))
-                comm.append(Collective("reduce_scatter", full_msg, dp, "ring", "after", "attention-DP scatter"))
-            elif tp > 1 and (op == "mlp" or (op == "experts" and ep == 1) or (op == "shared_expert" and ep > 1)):
+            if tp > 1 and (op == "mlp" or (op == "experts" and ep == 1) or (op == "shared_expert" and ep > 1)):
                 comm.append(Collective("all_reduce", tp_msg, tp, "ring", "after", "TP FFN output"))
             if op == "experts" and ep > 1:
                 comm.append(Collective("all_to_all", a2a, ep, "all_to_all", "before", "EP dispatch"))

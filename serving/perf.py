@@ -8,7 +8,8 @@ Each kernel of the traced operator graph (``kernel_table.py``) costs, per chip,
 
 where the achieved compute efficiency is shape-aware, eff = e_max x rows / (rows + rows_half) per kernel kind (dense
 GEMMs, attention, grouped MoE GEMMs: small or low-intensity kernels reach a smaller share of peak, the behaviour
-roofline studies measure, e.g. Yuan et al., "LLM Inference Unveiled", 2024), and memory efficiency grows with the
+roofline studies measure, e.g. Yuan et al., "LLM Inference Unveiled", 2024), FP4 math reaches ``fp4_efficiency`` of
+that (block-scale handling), and memory efficiency grows with the
 transfer size the same way. A step adds its collectives (ring / tree all-reduce, all-to-all, p2p; ``collectives``
 below), overlapped with compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit in on-chip
 SRAM stream from it (placement: the step's resident bytes share the SRAM pro rata).
@@ -35,7 +36,8 @@ from serving.kernel_table import GROUP_ATTENTION, GROUP_EXPERTS, GROUP_FFN, KIND
     KernelTable
 from serving.precision import MATH_DTYPES
 
-_FRACTIONS = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "memory_efficiency_max",
+_FRACTIONS = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
+              "memory_efficiency_max",
               "link_efficiency", "comm_overlap", "hbm_reserve_fraction")
 
 
@@ -48,6 +50,10 @@ class ServingParams:
     attention_rows_half: float = quantity(default=64.0)
     moe_efficiency_max: float = quantity(default=0.6)
     moe_rows_half: float = quantity(default=64.0)
+    # block-scaled FP4 math (NVFP4 / MXFP4) reaches this share of the efficiency FP8 reaches at the same shape:
+    # its scale factors are loaded and applied per 16 / 32-element block, and the doubled peak needs twice the
+    # operand feed (1.0 = no discount; applies only where the chip has native FP4 math)
+    fp4_efficiency: float = quantity(default=1.0)
     memory_efficiency_max: float = quantity(default=0.85)
     memory_bytes_half: float = quantity(default=2.0e6)
     link_efficiency: float = quantity(default=0.8)
@@ -135,15 +141,33 @@ def allreduce_time(msg_bytes, n, bw, latency):
     return jnp.where(n > 1.0, jnp.minimum(ring, tree), 0.0)
 
 
-def allgather_time(total_bytes, n, bw, latency):
-    """Ring all-gather (or reduce-scatter) of a ``total_bytes`` buffer: (n-1)/n S / bw + (n-1) a."""
-    return jnp.where(n > 1.0, (n - 1.0) / n * total_bytes / bw + (n - 1.0) * latency, 0.0)
-
-
 def alltoall_time(send_bytes, n, bw, latency):
     """One-shot all-to-all over a switched scale-up fabric: the bytes leaving a rank at link bandwidth plus one hop
     of latency per round of log2(n) (pairwise exchange pipelined by the switch; assumption, cf. DeepEP)."""
     return jnp.where(n > 1.0, send_bytes / bw + jnp.log2(jnp.maximum(n, 1.0)) * latency, 0.0)
+
+
+def remote_nodes(k, nodes):
+    """Expected nodes other than its own that one token's k experts land on, experts spread evenly over ``nodes``
+    nodes: (nodes - 1) (1 - (1 - 1/nodes)^k)."""
+    return (nodes - 1.0) * (1.0 - (1.0 - 1.0 / jnp.maximum(nodes, 1.0)) ** k)
+
+
+def ep_alltoall_time(tokens, k, ep, domain, token_bytes, up_bw, up_lat, out_bw, out_lat):
+    """One EP dispatch (or combine) of ``tokens`` local tokens, each to k experts on ``ep`` ranks.
+
+    Inside one scale-up domain: the k (ep - 1) / ep copies that leave the rank at scale-up bandwidth. Across
+    nodes (ep > domain), DeepEP's hierarchical kernels (DeepSeek-V3 report, sec. 3.2.2; DeepEP README): a token
+    crosses the scale-out network once per remote node its experts live on, to the rank with the same local index,
+    and is forwarded to the expert ranks inside that node over the scale-up fabric; the two fabrics run
+    concurrently, so the time is the slower of the two plus a hop of latency per round on each."""
+    nodes = jnp.maximum(ep / domain, 1.0)
+    up_bytes = tokens * k * token_bytes * (ep - 1.0) / ep
+    out_bytes = tokens * remote_nodes(k, nodes) * token_bytes
+    wide = nodes > 1.0
+    lat = jnp.log2(jnp.minimum(ep, domain)) * up_lat + jnp.where(wide, jnp.log2(nodes) * out_lat, 0.0)
+    t = jnp.maximum(up_bytes / up_bw, jnp.where(wide, out_bytes / out_bw, 0.0)) + lat
+    return jnp.where(ep > 1.0, t, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -195,7 +219,8 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     is_exp = kt.group == GROUP_EXPERTS
     imbalance = jnp.where(is_exp, ep_imbalance(tokens, kt.experts_per_token, m.ep), 1.0)
     flops_chip = flops * (imbalance / n_stage)[:, None]
-    rates = jnp.stack([chip.math_rate(dt) for dt in MATH_DTYPES]) * clock  # [D]
+    native_fp4 = jnp.where(chip.fp4_flops_per_s > 0, p.fp4_efficiency, 1.0)
+    rates = jnp.stack([chip.math_rate(dt) * (native_fp4 if dt == "fp4" else 1.0) for dt in MATH_DTYPES]) * clock
     rows = jnp.where(is_exp, tokens * kt.experts_per_token / jnp.maximum(touched, 1e-9), tokens / m.dp)
     e_max = jnp.where(kt.kind == KIND_MOE, p.moe_efficiency_max,
                       jnp.where(kt.kind == KIND_ATTENTION, p.attention_efficiency_max, p.gemm_efficiency_max))
@@ -220,19 +245,20 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     t_stream = jnp.maximum(on_chip / s_bw, (moved - on_chip) / h_bw)
     t_memory = t_stream / p.memory_efficiency_max * (1.0 + p.memory_bytes_half / jnp.maximum(moved, 1e-6))
     t = jnp.maximum(t_compute, t_memory) + p.kernel_overhead_s
-    # collectives of the step: inside the scale-up domain on its links; an instance wider than the domain (large EP
-    # over several nodes, as the lmsys DeepSeek deployments) crosses the scale-out network for its EP / DP traffic
+    # collectives of the step: TP all-reduces inside the scale-up domain; EP all-to-all hierarchical when the EP
+    # group spans several scale-up domains (large EP over nodes, as the lmsys DeepSeek deployments). Under
+    # attention-DP the dense FFN and shared expert run data-parallel (serving/graph_parallel.py): no DP collective.
     link, lat = chip.scaleup_bandwidth_bytes_per_s * p.link_efficiency, chip.scaleup_latency_s
-    wide = m.chips > chip.scaleup_domain_chips
-    out_link = jnp.where(wide, chip.scaleout_bandwidth_bytes_per_s * p.link_efficiency, link)
-    out_lat = jnp.where(wide, 5.0 * lat, lat)  # a scale-out hop: NIC + switch tiers (assumed 5x a scale-up hop)
+    out_link = chip.scaleout_bandwidth_bytes_per_s * p.link_efficiency
+    out_lat = 5.0 * lat  # a scale-out hop: NIC + switch tiers (assumed 5x a scale-up hop)
     msg = tokens / m.dp * kt.hidden_size * kt.activation_bytes
     t_ar = kt.tp_allreduce * allreduce_time(msg, m.tp, link, lat)
-    a2a_bytes = tokens / n_stage * kt.experts_per_token * kt.hidden_size * kt.activation_bytes * (m.ep - 1) / m.ep
-    t_a2a = kt.ep_alltoall * 2.0 * alltoall_time(a2a_bytes, m.ep, out_link, out_lat)
-    dep = jnp.where((m.dp > 1) & (m.ep > 1) & (kt.group == GROUP_FFN), 1.0, 0.0)
-    t_dep = dep * 2.0 * allgather_time(tokens * kt.hidden_size * kt.activation_bytes, m.dp, out_link, out_lat)
-    t_comm = t_ar + t_a2a + t_dep
+    local = tokens / n_stage
+    a2a_bytes = local * kt.experts_per_token * kt.hidden_size * kt.activation_bytes * (m.ep - 1) / m.ep
+    t_a2a = kt.ep_alltoall * 2.0 * ep_alltoall_time(local, kt.experts_per_token, m.ep, chip.scaleup_domain_chips,
+                                                    kt.hidden_size * kt.activation_bytes, link, lat, out_link,
+                                                    out_lat)
+    t_comm = t_ar + t_a2a
     n = kt.count
     flops_by_dtype = jnp.sum(flops_chip * n[:, None], axis=0)
     link = kt.tp_allreduce * msg * 2.0 * (m.tp - 1) / m.tp + kt.ep_alltoall * 2 * a2a_bytes
@@ -289,5 +315,5 @@ def memory_code(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, seque
 
 
 __all__ = ["ServingParams", "ParamSet", "family_of", "Mapping", "Work", "kernel_times", "step_time", "power_capped", "step_energy", "memory_code",
-           "allreduce_time", "alltoall_time", "allgather_time", "expected_experts", "ep_imbalance",
+           "allreduce_time", "alltoall_time", "ep_alltoall_time", "remote_nodes", "expected_experts", "ep_imbalance",
            "INFEASIBLE_REASONS", "ENERGY_PER_FLOP_RELATIVE", "GROUP_ATTENTION", "KIND_GEMM"]

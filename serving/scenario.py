@@ -41,7 +41,7 @@ class Scenario:
     draft_tokens: int = quantity(integer=True, allow_zero=True, default=0)
     acceptance_rate: float = quantity(allow_zero=True, default=0.0)
     # disaggregated serving
-    prefill_batch_tokens: int = quantity(integer=True, default=16384)
+    prefill_batch_tokens: int = quantity(integer=True, default=16384)  # per attention replica (DP rank)
     prefill_pool_fraction: float | None = quantity(optional=True)
     # agentic sessions
     turns: int = quantity(integer=True, default=1)

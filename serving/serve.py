@@ -57,11 +57,12 @@ def _lengths(sc: Scenario):
 
 def prefill_terms(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, m: Mapping):
     """What does not depend on the concurrency: one request's prefill time and, disaggregated, the prefill pool's
-    input tokens/s per chip (requests batched up to prefill_batch_tokens)."""
+    input tokens/s per chip (requests batched up to prefill_batch_tokens per attention replica: the engines'
+    token budget per forward pass, SGLang's chunked-prefill size or TRT-LLM's max_num_tokens, is per DP rank)."""
     pre_len, _, _ = _lengths(sc)
     t_pre = _prefill_only(chip, kt, p, m, 1.0, pre_len)
     if sc.kind == "disaggregated":
-        r = jnp.maximum(1.0, sc.prefill_batch_tokens / pre_len)
+        r = jnp.maximum(1.0, sc.prefill_batch_tokens * m.dp / pre_len)
         pool = r * pre_len / _prefill_only(chip, kt, p, m, r, pre_len) / m.chips
     else:
         pool = pre_len / t_pre / m.chips  # one request's prefill on its own

@@ -288,14 +288,17 @@ def test_comm_tp2_ep4(toy_kernels):
         ("all_to_all", a2a, 4, "all_to_all", "before"), ("all_to_all", a2a, 4, "all_to_all", "after")]
     assert ks["layer_1/attention"].comm == [] and ks["lm_head"].comm == []
     assert toy_kernels["layer_0/o_proj"].comm == []  # the input list is not modified
-    # tp=2 without EP: one all-reduce after the experts; dp_attention with EP: gather/scatter around the dense FFN
+    # tp=2 without EP: one all-reduce after the experts; dp_attention with EP: the dense FFN runs data-parallel
+    # (a copy per replica), so no collective around it at tp=1 and the replica's all-reduce at tp=2
     ks = {k.name: k for k in annotate_comm(list(toy_kernels.values()), ParallelMapping(tp=2), arch, B, act)}
     assert [(c.op, c.bytes) for c in ks["layer_1/experts"].comm] == [("all_reduce", B * H * act)]
     ks = {k.name: k for k in annotate_comm(list(toy_kernels.values()), ParallelMapping(ep=4, dp_attention=4),
                                            arch, 8, act)}
-    assert [(c.op, c.bytes, c.group) for c in ks["layer_0/mlp"].comm] == [
-        ("all_gather", 8 * H * act, 4), ("reduce_scatter", 8 * H * act, 4)]
+    assert ks["layer_0/mlp"].comm == []
     assert ks["layer_1/experts"].comm[0].bytes == 8 / 4 * K * H * act * 3 / 4  # local tokens
+    ks = {k.name: k for k in annotate_comm(list(toy_kernels.values()), ParallelMapping(tp=2, ep=8, dp_attention=4),
+                                           arch, 8, act)}
+    assert [(c.op, c.bytes, c.group) for c in ks["layer_0/mlp"].comm] == [("all_reduce", 8 / 4 * H * act, 2)]
     # pp=2: one send/recv after layer 0's last kernel
     ks = annotate_comm(list(toy_kernels.values()), ParallelMapping(pp=2), arch, B, act)
     pp = [(k.name, c.op, c.bytes) for k in ks for c in k.comm]

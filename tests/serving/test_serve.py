@@ -18,7 +18,7 @@ from serving.architecture import ModelArchitecture
 from serving.kernel_table import build_kernel_table
 from serving.mappings import enumerate_mappings, mapping_name
 from serving.perf import Mapping, ServingParams, Work, kernel_times, step_time
-from serving.precision import Precision
+from serving.precision import MATH_DTYPES, Precision
 from serving.scenario import Scenario
 from serving.serve import evaluate_grid, evaluate_point, stack_mappings
 from conftest import load_yaml
@@ -291,3 +291,64 @@ def test_ep_imbalance_gradient_is_finite_without_expert_parallelism():
     h = 1e-2
     fd = (float(ep_imbalance(10.0 + h, 4.0, 8.0)) - float(ep_imbalance(10.0 - h, 4.0, 8.0))) / (2 * h)
     assert g8 == pytest.approx(fd, rel=1e-3)
+
+
+def test_fp4_efficiency_discounts_native_fp4_math_only():
+    kt = table("llama3_8b", "fp4")  # NVFP4 linear layers, BF16 lm_head
+    w = decode_work(4096.0, 1.0)  # compute bound
+    half = dataclasses.replace(IDEAL, fp4_efficiency=0.5)
+    blackwell = chip(fp4_flops_per_s=2 * 1979e12)
+    full = kernel_times(blackwell, kt, IDEAL, Mapping(), w)
+    slow = kernel_times(blackwell, kt, half, Mapping(), w)
+    fp4_flops = float(full["flops_by_dtype"][MATH_DTYPES.index("fp4")])
+    assert fp4_flops > 0
+    # every FP4 FLOP takes 1 / 0.5 as long; the BF16 lm_head does not move
+    extra = float(np.sum((slow["t_compute"] - full["t_compute"]) * kt.count))
+    assert extra == pytest.approx(fp4_flops / (2 * 1979e12) * (1 / 0.5 - 1), rel=1e-5)
+    # on a chip without FP4 math the FP4 layers run at the FP8 rate and the factor does not apply
+    hopper = chip(fp4_flops_per_s=0.0)
+    a = kernel_times(hopper, kt, IDEAL, Mapping(), w)["t_compute"]
+    b = kernel_times(hopper, kt, half, Mapping(), w)["t_compute"]
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
+
+
+def test_remote_nodes_matches_exhaustive_enumeration():
+    import itertools
+
+    from serving.perf import remote_nodes
+
+    for nodes, k in ((2, 1), (2, 8), (3, 4), (4, 3), (5, 2)):
+        # each of the k experts on a node drawn uniformly; count the distinct nodes other than the token's (node 0)
+        outcomes = list(itertools.product(range(nodes), repeat=k))
+        exact = sum(len(set(o) - {0}) for o in outcomes) / len(outcomes)
+        assert float(remote_nodes(float(k), float(nodes))) == pytest.approx(exact, rel=1e-5)
+
+
+def test_ep_alltoall_inside_a_domain_and_across_nodes():
+    from serving.perf import alltoall_time, ep_alltoall_time
+
+    tokens, k, tb, up, up_lat, out, out_lat = 1024.0, 8.0, 7168.0, 450e9, 1e-6, 50e9, 5e-6
+    # inside one scale-up domain: the k (ep - 1) / ep copies that leave the rank, one level
+    t = float(ep_alltoall_time(tokens, k, 8.0, 8.0, tb, up, up_lat, out, out_lat))
+    assert t == pytest.approx(float(alltoall_time(tokens * k * tb * 7 / 8, 8.0, up, up_lat)), rel=1e-6)
+    assert float(ep_alltoall_time(tokens, k, 1.0, 8.0, tb, up, up_lat, out, out_lat)) == 0.0
+    # EP 16 over two 8-chip nodes: a token crosses the scale-out network once if any of its 8 experts is on the
+    # other node (probability 1 - 2^-8), scale-up carries the in-node copies and forwards; slower fabric wins
+    t = float(ep_alltoall_time(tokens, k, 16.0, 8.0, tb, up, up_lat, out, out_lat))
+    scale_out = tokens * (1 - 0.5 ** 8) * tb / out
+    scale_up = tokens * k * tb * 15 / 16 / up
+    assert t == pytest.approx(max(scale_out, scale_up) + 3 * up_lat + 1 * out_lat, rel=1e-6)
+    # dedup: far less than sending every remote copy over the NIC, which the one-level model charged
+    assert t < 0.25 * tokens * k * tb * 15 / 16 / out
+
+
+def test_prefill_pool_batches_per_attention_replica():
+    # a DP replica schedules its own prefill batch (per-rank token budget), so 8 data-parallel replicas on 8 chips
+    # prefill exactly as fast per chip as one chip alone (dense model, no collectives under pure DP)
+    kt = table("llama3_8b", "fp8")
+    # a 1k-token budget: a chip streams its 8 GB of weights for 1k tokens (compute bound), not for 1k / 8
+    sc = scenario(kind="disaggregated", prefill_batch_tokens=1024)
+    one = evaluate_point(chip(), kt, IDEAL, sc, Mapping(), 64.0)
+    dp8 = evaluate_point(chip(), kt, IDEAL, sc, Mapping(dp=8.0), 64.0)
+    assert float(dp8["prefill_input_tok_s_per_chip"]) == pytest.approx(float(one["prefill_input_tok_s_per_chip"]),
+                                                                        rel=1e-5)
