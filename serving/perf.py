@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from arch_space.chip import ENERGY_PER_FLOP_RELATIVE, Chip
 from arch_space.errors import ConfigError
 from arch_space.validation import build, quantity
-from serving.kernel_table import GROUP_ATTENTION, GROUP_EXPERTS, GROUP_FFN, KIND_ATTENTION, KIND_GEMM, KIND_MOE, \
+from serving.kernel_table import GROUP_ATTENTION, GROUP_EXPERTS, KIND_ATTENTION, KIND_GEMM, KIND_MOE, \
     KernelTable
 from serving.precision import MATH_DTYPES
 
