@@ -36,8 +36,8 @@ KEYS = ("serving", "reference", "output", "fit", "iterations", "learning_rate", 
 FRACTIONS = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
              "memory_efficiency_max", "link_efficiency", "comm_overlap", "hbm_reserve_fraction")
 DEFAULT_FIT = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
-               "memory_efficiency_max", "gemm_rows_half", "moe_rows_half", "kernel_overhead_s", "step_overhead_s",
-               "link_efficiency", "comm_overlap")
+               "memory_efficiency_max", "gemm_rows_half", "moe_rows_half", "kernel_overhead_s",
+               "collective_overhead_s", "step_overhead_s", "link_efficiency", "comm_overlap")
 
 
 def to_z(params: ServingParams, fields) -> jnp.ndarray:

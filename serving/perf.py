@@ -58,6 +58,7 @@ class ServingParams:
     memory_bytes_half: float = quantity(default=2.0e6)
     link_efficiency: float = quantity(default=0.8)
     kernel_overhead_s: float = quantity(allow_zero=True, default=4.0e-6)
+    collective_overhead_s: float = quantity(allow_zero=True, default=0.0)  # per collective call (launch + sync)
     step_overhead_s: float = quantity(allow_zero=True, default=2.0e-4)
     comm_overlap: float = quantity(allow_zero=True, default=0.5)
     hbm_reserve_fraction: float = quantity(allow_zero=True, default=0.1)
@@ -252,12 +253,14 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     out_link = chip.scaleout_bandwidth_bytes_per_s * p.link_efficiency
     out_lat = 5.0 * lat  # a scale-out hop: NIC + switch tiers (assumed 5x a scale-up hop)
     msg = tokens / m.dp * kt.hidden_size * kt.activation_bytes
-    t_ar = kt.tp_allreduce * allreduce_time(msg, m.tp, link, lat)
+    # every collective call also pays a fixed launch + synchronisation cost (NCCL-class small-message latency)
+    call = p.collective_overhead_s
+    t_ar = kt.tp_allreduce * (allreduce_time(msg, m.tp, link, lat) + jnp.where(m.tp > 1.0, call, 0.0))
     local = tokens / n_stage
     a2a_bytes = local * kt.experts_per_token * kt.hidden_size * kt.activation_bytes * (m.ep - 1) / m.ep
-    t_a2a = kt.ep_alltoall * 2.0 * ep_alltoall_time(local, kt.experts_per_token, m.ep, chip.scaleup_domain_chips,
-                                                    kt.hidden_size * kt.activation_bytes, link, lat, out_link,
-                                                    out_lat)
+    t_a2a = kt.ep_alltoall * 2.0 * (ep_alltoall_time(local, kt.experts_per_token, m.ep, chip.scaleup_domain_chips,
+                                                     kt.hidden_size * kt.activation_bytes, link, lat, out_link,
+                                                     out_lat) + jnp.where(m.ep > 1.0, call, 0.0))
     t_comm = t_ar + t_a2a
     n = kt.count
     flops_by_dtype = jnp.sum(flops_chip * n[:, None], axis=0)

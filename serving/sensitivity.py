@@ -32,7 +32,7 @@ from serving.kernel_table import KernelTable
 from serving.perf import Mapping, ServingParams, Work, kernel_times, memory_code, power_capped, step_time
 from serving.precision import MATH_DTYPES
 from serving.scenario import Scenario
-from serving.serve import METRICS, _lengths, evaluate_point, prefill_terms
+from serving.serve import METRICS, _lengths, evaluate_point, prefill_terms, step_mix
 
 # (chip field, label) of the resources a design can buy more of
 RESOURCES = (
@@ -84,14 +84,9 @@ def _f32(tree):
 
 
 def decode_work(sc: Scenario, concurrency) -> Work:
-    """The step serve.evaluate_point runs at concurrency B: B sequences decoding at the mean decode context and, in
-    closed loop, the chunked prefill of the B x tokens_per_step / OSL requests that replace finished ones (none when
-    disaggregated: the prefill pool does it)."""
-    pre_len, dec_ctx, osl = _lengths(sc)
-    b = jnp.asarray(concurrency, jnp.float32)
-    requests = 0.0 if sc.kind == "disaggregated" else b * sc.tokens_per_step / osl
-    return Work(decode_tokens=b, decode_queries=1.0 + sc.draft_tokens, context=dec_ctx, prefill_requests=requests,
-                prefill_len=pre_len)
+    """A decode-only step at concurrency B (serve.step_mix): B sequences decoding at the mean decode context, no
+    prefill (closed-loop iterations that also prefill are mixed in by the attribution, not by the roofline)."""
+    return step_mix(sc, concurrency)[0]
 
 
 def prefill_work(sc: Scenario) -> Work:
@@ -262,8 +257,15 @@ def _split(chip, kt, p, m, w, drafts):
 
 @jax.jit
 def _attribution(chip, kt, p, sc, m, concurrency):
-    return {"prefill": _split(chip, kt, p, m, prefill_work(sc), 0.0),
-            "decode": _split(chip, kt, p, m, decode_work(sc, concurrency), sc.draft_tokens)}
+    dec, mix, _, share = step_mix(sc, concurrency)
+    decode = _split(chip, kt, p, m, dec, sc.draft_tokens)
+    if mix is not None:
+        # a request's iteration as serve.evaluate_point times its TPOT: (1 - share) decode-only iterations, share
+        # that carry another request's prefill; drafts on every one
+        with_prefill = _split(chip, kt, p, m, mix, 0.0)
+        drafts = jax.tree_util.tree_map(jnp.subtract, decode, _split(chip, kt, p, m, dec, 0.0))
+        decode = {k: (1.0 - share) * decode[k] + share * (with_prefill[k] + drafts[k]) for k in decode}
+    return {"prefill": _split(chip, kt, p, m, prefill_work(sc), 0.0), "decode": decode}
 
 
 def time_attribution(chip: Chip, kt: KernelTable, params: ServingParams, scenario: Scenario, mapping: Mapping,

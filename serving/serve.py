@@ -55,6 +55,31 @@ def _lengths(sc: Scenario):
     return isl, isl + osl / 2.0, osl
 
 
+def step_mix(sc: Scenario, concurrency):
+    """The decode iteration at concurrency B as a mix of two steps: (decode-only work, work of a step that also
+    prefills, share of iterations that prefill). In closed loop rho = B x tokens_per_step / OSL requests replace
+    finished ones per iteration. A request's prompt is prefilled in one piece (engines' chunks, 8-16k tokens, hold
+    the benchmark prompts whole), so for rho < 1 a share rho of iterations carries one whole prefill and the rest
+    decode only; for rho >= 1 every iteration carries rho of them. Spreading a fraction of a prompt over every
+    step instead would touch far more routed experts per step than the lumpy truth (expected experts are concave
+    in the tokens: Jensen) and bury a low-concurrency MoE decode under prefill weight reads.
+
+    Returns (decode-only work, prefill-carrying work, share for throughput, share for latency). Throughput pays
+    every prefill; a request's own TPOT only the prefills of the B - 1 others that land during its decode
+    (InferenceX: TPOT = (E2E - TTFT) / (OSL - 1)), a share (B - 1) / B of them: at B = 1 TPOT is pure decode.
+    Disaggregated: the decode pool never prefills (prefill-carrying work None, shares 0)."""
+    pre_len, dec_ctx, osl = _lengths(sc)
+    b = jnp.asarray(concurrency, dtype=jnp.float32)
+    dec = Work(decode_tokens=b, decode_queries=1.0 + sc.draft_tokens, context=dec_ctx, prefill_requests=0.0,
+               prefill_len=pre_len)
+    if sc.kind == "disaggregated":
+        return dec, None, jnp.float32(0.0), jnp.float32(0.0)
+    rho = b * sc.tokens_per_step / osl
+    n = jnp.maximum(rho, 1.0)
+    share = rho / n
+    return dec, dataclasses.replace(dec, prefill_requests=n), share, share * (b - 1.0) / jnp.maximum(b, 1.0)
+
+
 def prefill_terms(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, m: Mapping):
     """What does not depend on the concurrency: one request's prefill time and, disaggregated, the prefill pool's
     input tokens/s per chip (requests batched up to prefill_batch_tokens per attention replica: the engines'
@@ -75,22 +100,30 @@ def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, 
     b = jnp.asarray(concurrency, dtype=jnp.float32)
     pre_len, dec_ctx, osl = _lengths(sc)
     tau = sc.tokens_per_step
-    queries = 1.0 + sc.draft_tokens
     chips = m.chips
     t_pre, prefill_in_per_chip = prefill_terms(chip, kt, p, sc, m) if prefill is None else prefill
-    if sc.kind == "disaggregated":
-        step_work = Work(decode_tokens=b, decode_queries=queries, context=dec_ctx, prefill_requests=0.0,
-                         prefill_len=pre_len)
+    dec_work, mix_work, share, share_lat = step_mix(sc, b)
+    t_d, out, watts_d, clock_d = _throttled_step(chip, kt, p, m, dec_work)
+    sums = ("t_compute", "t_memory", "t_comm")
+    if mix_work is None:  # disaggregated: the decode pool never prefills
+        t_step, t_lat, watts, clock = t_d, t_d, watts_d, clock_d
+        details = {k: jnp.sum(out[k] * kt.count) for k in sums}
     else:
-        step_work = Work(decode_tokens=b, decode_queries=queries, context=dec_ctx,
-                         prefill_requests=b * tau / osl, prefill_len=pre_len)
-    t_step, out, watts, clock = _throttled_step(chip, kt, p, m, step_work)
-    t_iter = t_step + sc.draft_tokens * out["t_draft_layer"] / clock  # MTP drafts run before each verify step
-    tpot = t_iter / tau
+        t_m, out_m, watts_m, clock_m = _throttled_step(chip, kt, p, m, mix_work)
+        t_step = (1.0 - share) * t_d + share * t_m  # mean iteration: what throughput pays
+        t_lat = (1.0 - share_lat) * t_d + share_lat * t_m  # what one request's TPOT sees
+        watts = ((1.0 - share) * watts_d * t_d + share * watts_m * t_m) / t_step  # energy over time
+        clock = ((1.0 - share) * clock_d * t_d + share * clock_m * t_m) / t_step  # unconstrained over capped
+        details = {k: (1.0 - share) * jnp.sum(out[k] * kt.count) + share * jnp.sum(out_m[k] * kt.count)
+                   for k in sums}
+    # MTP drafts run before each verify step, on the decoding sequences only
+    drafts = sc.draft_tokens * out["t_draft_layer"] / clock_d
+    t_iter = t_step + drafts
+    tpot = (t_lat + drafts) / tau
     decode_out_per_chip = b * tau / t_iter / chips
     if sc.kind == "disaggregated":
         kv_bytes = jnp.sum(kt.kv_write_b * jnp.minimum(pre_len, kt.ctx_cap) * kt.count)
-        ttft = t_pre + kv_bytes / chip.scaleout_bandwidth_bytes_per_s + t_iter
+        ttft = t_pre + kv_bytes / chip.scaleout_bandwidth_bytes_per_s + tpot * tau
         rate_p = prefill_in_per_chip / pre_len  # requests / s per prefill chip
         rate_d = decode_out_per_chip / osl  # requests / s per decode chip
         frac = (rate_d / (rate_p + rate_d) if sc.prefill_pool_fraction is None
@@ -99,7 +132,7 @@ def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, 
         out_per_chip = req_per_chip * osl
         total_per_chip = req_per_chip * (pre_len + osl)
     else:
-        ttft = t_pre + t_iter
+        ttft = t_pre + tpot * tau
         frac = jnp.asarray(0.0, jnp.float32)
         out_per_chip = decode_out_per_chip
         total_per_chip = out_per_chip * (pre_len + osl) / osl
@@ -120,8 +153,8 @@ def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, 
         "sustained_power_w": watts, "clock_factor": clock,
         "prefill_input_tok_s_per_chip": prefill_in_per_chip, "decode_output_tok_s_per_chip": decode_out_per_chip,
         "prefill_pool_fraction": frac,
-        "decode_compute_s": jnp.sum(out["t_compute"] * kt.count), "decode_memory_s": jnp.sum(out["t_memory"] * kt.count),
-        "decode_comm_s": jnp.sum(out["t_comm"] * kt.count), "hbm_used_bytes": used, "chips": chips,
+        "decode_compute_s": details["t_compute"], "decode_memory_s": details["t_memory"],
+        "decode_comm_s": details["t_comm"], "hbm_used_bytes": used, "chips": chips,
         "infeasible_code": code,
     }
 
@@ -142,4 +175,4 @@ def stack_mappings(mappings: list[Mapping]) -> Mapping:
     return Mapping(*(jnp.asarray([getattr(m, f) for m in mappings], jnp.float32) for f in ("tp", "dp", "ep", "pp")))
 
 
-__all__ = ["evaluate_point", "evaluate_grid", "stack_mappings", "METRICS", "dataclasses"]
+__all__ = ["step_mix", "evaluate_point", "evaluate_grid", "stack_mappings", "METRICS", "dataclasses"]

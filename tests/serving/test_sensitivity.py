@@ -233,15 +233,22 @@ def test_time_attribution_sums_to_the_model_step_times(m):
     for chip in (preset("h100_sxm"), preset("h100_sxm", hbm_bandwidth_bytes_per_s=3e13, power_rating_w=200.0)):
         b = 64.0
         parts = time_attribution(chip, KT8, PARAMS, sc, m, b)
-        decode = Work(decode_tokens=b, decode_queries=1.0, context=isl + osl / 2, prefill_requests=b / osl,
+        # b / osl < 1 request replaces a finished one per iteration: that share of iterations prefills one whole
+        # prompt, the rest only decode; a request's TPOT sees the prefills of the b - 1 others
+        rho = (b - 1) / osl
+        decode = Work(decode_tokens=b, decode_queries=1.0, context=isl + osl / 2, prefill_requests=0.0,
                       prefill_len=isl)
+        mixed = dataclasses.replace(decode, prefill_requests=1.0)
         prefill = Work(decode_tokens=0.0, decode_queries=1.0, context=0.0, prefill_requests=1.0, prefill_len=isl)
-        for phase, w in (("decode", decode), ("prefill", prefill)):
+        expect = {"decode": (1 - rho) * _model_step(chip, KT8, PARAMS, m, decode)
+                  + rho * _model_step(chip, KT8, PARAMS, m, mixed),
+                  "prefill": _model_step(chip, KT8, PARAMS, m, prefill)}
+        for phase in ("decode", "prefill"):
             d = parts[phase]
             assert all(isinstance(v, float) and v >= 0.0 for v in d.values()), d
             s = d["compute_s"] + d["memory_s"] + d["network_s"] + d["overhead_s"] + d["power_s"]
             assert s == pytest.approx(d["total_s"], rel=1e-5)
-            assert d["total_s"] == pytest.approx(_model_step(chip, KT8, PARAMS, m, w), rel=1e-5)
+            assert d["total_s"] == pytest.approx(expect[phase], rel=1e-5)
         out = point(chip, KT8, PARAMS, sc, m, b)
         assert parts["decode"]["total_s"] == pytest.approx(out["tpot_s"], rel=1e-5)
         assert parts["prefill"]["total_s"] + parts["decode"]["total_s"] == pytest.approx(out["ttft_s"], rel=1e-5)
@@ -281,15 +288,14 @@ def test_roofline_points():
             assert q["intensity_flop_per_byte"] == pytest.approx(q["flops"] / q["bytes"], rel=1e-9)
         assert q["achieved_flops_per_s"] == pytest.approx(q["flops"] / q["time_s"], rel=1e-9)
         assert q["achieved_flops_per_s"] <= r["peak_flops_per_s"]
-    # the FFN: 2 x 3 h F FLOPs per token per layer over the step's tokens (B decode + the B x 1/OSL x ISL chunked
-    # prefill tokens), split over tp = 2
-    tokens = b + b / SC.mean_osl_tokens * SC.mean_isl_tokens
+    # the FFN: 2 x 3 h F FLOPs per token per layer over the decode step's B tokens, split over tp = 2
+    tokens = b
     mlp = next(q for q in r["points"] if q["kernel"] == "mlp" and q["phase"] == "decode")
     assert mlp["flops"] == pytest.approx(2 * 3 * H * F * L * tokens / 2, rel=1e-3)
     assert mlp["bytes"] >= 3 * H * F * L / 2  # at least its FP8 weights
     # the per-row figures add up to the step's totals
     w = Work(decode_tokens=b, decode_queries=1.0, context=SC.mean_isl_tokens + SC.mean_osl_tokens / 2,
-             prefill_requests=b / SC.mean_osl_tokens, prefill_len=SC.mean_isl_tokens)
+             prefill_requests=0.0, prefill_len=SC.mean_isl_tokens)
     out = kernel_times(chip, KT8, PARAMS, m, w)
     dec = [q for q in r["points"] if q["phase"] == "decode"]
     assert sum(q["flops"] for q in dec) == pytest.approx(float(np.sum(out["flops_by_dtype"])), rel=1e-5)

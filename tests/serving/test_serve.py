@@ -17,7 +17,7 @@ from arch_space.chip import Chip, stack
 from serving.architecture import ModelArchitecture
 from serving.kernel_table import build_kernel_table
 from serving.mappings import enumerate_mappings, mapping_name
-from serving.perf import Mapping, ServingParams, Work, kernel_times, step_time
+from serving.perf import Mapping, ServingParams, Work, kernel_times, power_capped, step_time
 from serving.precision import MATH_DTYPES, Precision
 from serving.scenario import Scenario
 from serving.serve import evaluate_grid, evaluate_point, stack_mappings
@@ -352,3 +352,29 @@ def test_prefill_pool_batches_per_attention_replica():
     dp8 = evaluate_point(chip(), kt, IDEAL, sc, Mapping(dp=8.0), 64.0)
     assert float(dp8["prefill_input_tok_s_per_chip"]) == pytest.approx(float(one["prefill_input_tok_s_per_chip"]),
                                                                         rel=1e-5)
+
+
+def test_closed_loop_iterations_prefill_whole_prompts():
+    # B / OSL < 1 requests replace finished ones per iteration: that share of iterations carries one whole prefill,
+    # the rest decode only. Throughput pays every prefill; a request's TPOT only the other B - 1 requests' ones.
+    kt = table("qwen3_30b_a3b", "fp8")
+    sc = scenario()
+    isl, osl = sc.mean_isl_tokens, sc.mean_osl_tokens
+    c = chip()
+
+    def capped(w):
+        t0, out = step_time(c, kt, DEFAULT, Mapping(), w)
+        return float(power_capped(c, out, t0)[0])
+
+    for b in (1.0, 16.0):
+        dec = Work(decode_tokens=b, decode_queries=1.0, context=isl + osl / 2, prefill_requests=0.0, prefill_len=isl)
+        t_d, t_m = capped(dec), capped(dataclasses.replace(dec, prefill_requests=1.0))
+        out = evaluate_point(c, kt, DEFAULT, sc, Mapping(), b)
+        assert float(out["tpot_s"]) == pytest.approx((1 - (b - 1) / osl) * t_d + (b - 1) / osl * t_m, rel=1e-5)
+        assert float(out["output_tok_s_per_chip"]) == pytest.approx(b / ((1 - b / osl) * t_d + b / osl * t_m),
+                                                                    rel=1e-5)
+    # spread thin over every step instead, ~0.9 prompt tokens join each batch-1 step and touch up to k more
+    # experts in every one of them: slower than the lumpy truth (expected experts are concave in the tokens)
+    one = Work(decode_tokens=1.0, decode_queries=1.0, context=isl + osl / 2, prefill_requests=1.0 / osl,
+               prefill_len=isl)
+    assert float(evaluate_point(c, kt, DEFAULT, sc, Mapping(), 1.0)["tpot_s"]) < 0.9 * capped(one)
