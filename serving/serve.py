@@ -8,9 +8,9 @@ basis), per kW of modelled sustained power, per all-in provisioned kW (Inference
 it), joules per token = sustained watts / tokens/s, and $ per million tokens = $/chip-s x 1e6 / tokens/s per chip
 (InferenceX TCO calculator).
 
-Closed loop at concurrency B (continuous batching, chunked prefill): each step decodes the B sequences and runs
-the prefill of the B x tokens_per_step / OSL requests that replace finished ones, so the step mixes decode and
-prefill tokens and streams the weights once for both. TTFT = the request's own prefill + one step.
+Closed loop at concurrency B (continuous batching): B x tokens_per_step / OSL requests replace finished ones per
+iteration, each prefilled whole inside a decode step that streams the weights once for both; the other iterations
+only decode (:func:`step_mix`). TTFT = the request's own prefill + one iteration as its TPOT sees it.
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ def _lengths(sc: Scenario):
 
 
 def step_mix(sc: Scenario, concurrency):
-    """The decode iteration at concurrency B as a mix of two steps: (decode-only work, work of a step that also
-    prefills, share of iterations that prefill). In closed loop rho = B x tokens_per_step / OSL requests replace
+    """The decode iteration at concurrency B as a mix of two steps, a decode-only one and one that also prefills
+    (the four values returned are below). In closed loop rho = B x tokens_per_step / OSL requests replace
     finished ones per iteration. A request's prompt is prefilled in one piece (engines' chunks, 8-16k tokens, hold
     the benchmark prompts whole), so for rho < 1 a share rho of iterations carries one whole prefill and the rest
     decode only; for rho >= 1 every iteration carries rho of them. Spreading a fraction of a prompt over every
