@@ -56,6 +56,10 @@ class GQATransformer:
         self.nope_model = not all(arch.rope_pattern)
         self.interleaved_rope = self.nope_model
         self._init_jit = jax.jit(self._init, static_argnums=1)
+        # One decoder block as its own jitted function, keyed by the layer kind: identical layers (all 80 of Llama 3
+        # 70B, the two alternating kinds of gpt-oss) are traced once per shape and reused, which makes full-size
+        # tracing several times cheaper; under an outer jit it is inlined, so execution is unchanged.
+        self._block_jit = jax.jit(self._block, static_argnums=(0, 1))
 
     # ================================================================== parameters
     def param_shapes(self) -> dict:
@@ -117,9 +121,10 @@ class GQATransformer:
                 "length": jnp.zeros((), jnp.int32)}
 
     # ================================================================== blocks
-    def _qkv(self, i, p, x, positions):
-        """q [B, T, Hq, d], k, v [B, T, Hkv, d] of layer ``i`` (projections, biases, qk norm, RoPE, temperature)."""
-        a, kind = self.arch, self.kinds[i]
+    def _qkv(self, kind, p, x, positions):
+        """q [B, T, Hq, d], k, v [B, T, Hkv, d] of a layer of ``kind`` (projections, biases, qk norm, RoPE,
+        temperature)."""
+        a = self.arch
         b, t, _ = x.shape
         d = a.head_dim
 
@@ -144,13 +149,13 @@ class GQATransformer:
             q = (q.astype(jnp.float32) * temp[..., :, None, None]).astype(q.dtype)
         return q, k, v
 
-    def _attention(self, i, p, x, positions, cache_layer, length, fresh):
+    def _attention(self, kind, p, x, positions, cache_layer, length, fresh):
         """Attention sub-block (after attn_norm). With a ``cache_layer`` the new K/V are written at ``length``.
         ``fresh``: attend over the new keys only (forward; prefill into an empty cache), else over the whole cache
         with unused slots masked (decode). Returns (out, cache_layer)."""
-        a, kind = self.arch, self.kinds[i]
+        a = self.arch
         with jax.named_scope("qkv_proj"):
-            q, k, v = self._qkv(i, p, x, positions)
+            q, k, v = self._qkv(kind, p, x, positions)
         with jax.named_scope("attention"):
             common = dict(kind=kind.attention, window=a.sliding_window, chunk=a.attention_chunk_size,
                           sinks=p.get("sinks"), scale=a.head_dim ** -0.5)
@@ -199,21 +204,25 @@ class GQATransformer:
         return out.reshape(b, t, h)
 
     def _layer(self, i, lp, x, positions, cache_layer=None, length=0, fresh=True):
-        a = self.arch
         with jax.named_scope(f"layer_{i}"):
-            with jax.named_scope("attn_norm"):
-                hn = rms_norm(x, lp["attn_norm"], a.norm_eps)
-            attn_out, cache_layer = self._attention(i, lp["attn"], hn, positions, cache_layer, length, fresh)
-            x = x + attn_out
-            with jax.named_scope("ffn_norm"):
-                hn = rms_norm(x, lp["ffn_norm"], a.norm_eps)
-            if "mlp" in lp:
-                with jax.named_scope("mlp"):
-                    m = lp["mlp"]
-                    ffn_out = swiglu_ffn(hn, m["w_gate"], m["w_up"], m["w_down"])
-            else:
-                ffn_out = self._moe(lp, hn)
-            return x + ffn_out, cache_layer
+            return self._block_jit(self.kinds[i], fresh, lp, x, positions, cache_layer, length)
+
+    def _block(self, kind, fresh, lp, x, positions, cache_layer, length):
+        """One pre-norm decoder block of ``kind``: x + attn(attn_norm(x)), then + ffn(ffn_norm(x))."""
+        a = self.arch
+        with jax.named_scope("attn_norm"):
+            hn = rms_norm(x, lp["attn_norm"], a.norm_eps)
+        attn_out, cache_layer = self._attention(kind, lp["attn"], hn, positions, cache_layer, length, fresh)
+        x = x + attn_out
+        with jax.named_scope("ffn_norm"):
+            hn = rms_norm(x, lp["ffn_norm"], a.norm_eps)
+        if "mlp" in lp:
+            with jax.named_scope("mlp"):
+                m = lp["mlp"]
+                ffn_out = swiglu_ffn(hn, m["w_gate"], m["w_up"], m["w_down"])
+        else:
+            ffn_out = self._moe(lp, hn)
+        return x + ffn_out, cache_layer
 
     def _embed(self, params, tokens):
         with jax.named_scope("embed"):

@@ -97,6 +97,11 @@ def materialize(specs, key, dtype):
     return treedef.unflatten(out)
 
 
+def _in(scope: str, name: str) -> str:
+    """``name`` inside ``scope`` (an empty scope: the name itself, for blocks already inside their layer scope)."""
+    return f"{scope}/{name}" if scope else name
+
+
 class MLATransformer:
     """The executable model of a ``family: mla`` :class:`~serving.architecture.ModelArchitecture` (API and
     parameter layout: ``serving/models/__init__.py``)."""
@@ -113,6 +118,10 @@ class MLATransformer:
         self.qk_head_dim = arch.qk_nope_head_dim + arch.qk_rope_head_dim
         # model.py MLA.__init__: softmax_scale = qk_head_dim^-0.5, times mscale^2 under YaRN.
         self.softmax_scale = self.qk_head_dim ** -0.5 * deepseek_softmax_mscale(arch.rope_scaling) ** 2
+        # One decoder block as its own jitted function (static: absorbed or not): identical layers (the 58 MoE
+        # layers of DeepSeek-R1) are traced once per shape and reused, which makes full-size tracing several times
+        # cheaper; under an outer jit it is inlined, so execution is unchanged.
+        self._block_jit = jax.jit(self._block, static_argnums=0)
         self.vision = None
         if arch.vision is not None:
             from serving.models.vision import VisionEncoder
@@ -197,15 +206,15 @@ class MLATransformer:
         cos, sin = rope
         # ---- queries (model.py: q = wq_b(q_norm(wq_a(x))); q_pe = apply_rotary_emb(q_pe, freqs_cis))
         if a.q_lora_rank:
-            with jax.named_scope(f"{scope}/q_a_proj"):
+            with jax.named_scope(_in(scope, "q_a_proj")):
                 c_q = rms_norm(_linear(x, p["q_a_proj"]), p["q_a_layernorm"], a.norm_eps)
         else:
             c_q = x
-        with jax.named_scope(f"{scope}/q_b_proj"):
+        with jax.named_scope(_in(scope, "q_b_proj")):
             q = _linear(c_q, p["q_b_proj"]).reshape(B, T, H, dn + dr)
             q_nope, q_pe = q[..., :dn], apply_rope(q[..., dn:], cos, sin, interleaved=True)
         # ---- the latent and the shared rope key (kv = wkv_a(x); kv_norm(kv); k_pe = apply_rotary_emb(k_pe))
-        with jax.named_scope(f"{scope}/kv_a_proj"):
+        with jax.named_scope(_in(scope, "kv_a_proj")):
             kv = _linear(x, p["kv_a_proj"])
             latent = rms_norm(kv[..., :r], p["kv_a_layernorm"], a.norm_eps)  # [B, T, r]
             k_rope = apply_rope(kv[..., None, r:], cos, sin, interleaved=True)[:, :, 0]  # [B, T, dr]
@@ -214,7 +223,7 @@ class MLATransformer:
             keys_latent, keys_rope, k_positions, k_valid = latent, k_rope, positions, None
         else:
             cache, start = layer_cache
-            with jax.named_scope(f"{scope}/attention"):  # the cache append belongs to the attention kernel
+            with jax.named_scope(_in(scope, "attention")):  # the cache append belongs to the attention kernel
                 kv_out = _write(cache, latent, k_rope, start)
             keys_latent, keys_rope = kv_out["latent"].astype(x.dtype), kv_out["k_rope"].astype(x.dtype)
             L = keys_latent.shape[1]
@@ -224,29 +233,29 @@ class MLATransformer:
         w_kv_b = p["kv_b_proj"].reshape(r, H, dn + dv)  # wkv_b.view(n_heads, -1, kv_lora_rank), transposed
         if not absorbed:
             # model.py attn_impl="naive": per-head K and V from the latent, q = [q_nope, q_pe], k = [k_nope, k_pe].
-            with jax.named_scope(f"{scope}/kv_b_proj"):
+            with jax.named_scope(_in(scope, "kv_b_proj")):
                 kv_heads = _linear(keys_latent, p["kv_b_proj"]).reshape(B, S, H, dn + dv)
                 k_nope, v = kv_heads[..., :dn], kv_heads[..., dn:]
                 k = jnp.concatenate([k_nope, jnp.broadcast_to(keys_rope[:, :, None], (B, S, H, dr))], axis=-1)
-            with jax.named_scope(f"{scope}/attention"):
+            with jax.named_scope(_in(scope, "attention")):
                 o = attention(jnp.concatenate([q_nope, q_pe], axis=-1), k, v, q_positions=positions,
                               k_positions=k_positions, k_valid=k_valid, scale=self.softmax_scale)  # [B, T, H, dv]
         else:
             # model.py attn_impl="absorb": q_nope = einsum("bshd,hdc->bshc", q_nope, wkv_b[:, :dn]); scores over
             # the cached latent plus the rope key; o = einsum("bshc,hdc->bshd", o_lat, wkv_b[:, -dv:]).
-            with jax.named_scope(f"{scope}/kv_b_proj"):
+            with jax.named_scope(_in(scope, "kv_b_proj")):
                 q_lat = jnp.einsum("bthd,rhd->bthr", q_nope, w_kv_b[..., :dn],
                                    preferred_element_type=jnp.float32).astype(x.dtype)
-            with jax.named_scope(f"{scope}/attention"):
+            with jax.named_scope(_in(scope, "attention")):
                 # MQA: one 576-wide key (latent ++ rope key) and one 512-wide value (the latent) for all heads.
                 k = jnp.concatenate([keys_latent, keys_rope], axis=-1)[:, :, None]  # [B, S, 1, r + dr]
                 o_lat = attention(jnp.concatenate([q_lat, q_pe], axis=-1), k, keys_latent[:, :, None],
                                   q_positions=positions, k_positions=k_positions, k_valid=k_valid,
                                   scale=self.softmax_scale)  # [B, T, H, r]
-            with jax.named_scope(f"{scope}/kv_b_proj"):
+            with jax.named_scope(_in(scope, "kv_b_proj")):
                 o = jnp.einsum("bthr,rhd->bthd", o_lat, w_kv_b[..., dn:],
                                preferred_element_type=jnp.float32).astype(x.dtype)
-        with jax.named_scope(f"{scope}/o_proj"):
+        with jax.named_scope(_in(scope, "o_proj")):
             out = _linear(o.reshape(B, T, H * dv), p["o_proj"])
         return out, kv_out
 
@@ -255,10 +264,10 @@ class MLATransformer:
         a = self.arch
         B, T, h = x.shape
         if "mlp" in p:
-            with jax.named_scope(f"{scope}/mlp"):
+            with jax.named_scope(_in(scope, "mlp")):
                 return swiglu_ffn(x, p["mlp"]["gate"], p["mlp"]["up"], p["mlp"]["down"])
         x2 = x.reshape(B * T, h)
-        with jax.named_scope(f"{scope}/router"):
+        with jax.named_scope(_in(scope, "router")):
             # transformers DeepseekV3TopkRouter: the router linear in float32; model.py Gate for the selection.
             logits = jnp.dot(x2.astype(jnp.float32), p["router"]["weight"].astype(jnp.float32))
             weights, indices = route(logits, router="sigmoid_grouped", top_k=a.experts_per_token,
@@ -266,25 +275,30 @@ class MLATransformer:
                                      routed_scaling_factor=a.routed_scaling_factor,
                                      correction_bias=p["router"].get("correction_bias"),
                                      normalize_topk=a.router_normalize_topk)
-        with jax.named_scope(f"{scope}/experts"):
+        with jax.named_scope(_in(scope, "experts")):
             e = p["experts"]
             y = grouped_expert_ffn(x2, weights, indices, e["gate"], e["up"], e["down"])
         if "shared" in p:  # model.py MoE.forward: (y + shared_experts(x))
-            with jax.named_scope(f"{scope}/shared_expert"):
+            with jax.named_scope(_in(scope, "shared_expert")):
                 s = p["shared"]
                 y = y + swiglu_ffn(x2, s["gate"], s["up"], s["down"])
         return y.reshape(B, T, h)
 
     def _layer(self, scope, p, x, rope, positions, layer_cache, absorbed):
-        """model.py Block: x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x))."""
+        with jax.named_scope(scope):
+            return self._block_jit(absorbed, p, x, rope, positions, layer_cache)
+
+    def _block(self, absorbed, p, x, rope, positions, layer_cache):
+        """model.py Block: x = x + attn(attn_norm(x)); x = x + ffn(ffn_norm(x)) (inside its layer's scope, so the
+        residual adds and index arithmetic belong to the layer, as in the GQA model)."""
         eps = self.arch.norm_eps
-        with jax.named_scope(f"{scope}/attn_norm"):
+        with jax.named_scope("attn_norm"):
             hn = rms_norm(x, p["attn_norm"], eps)
-        a, kv = self._attention(scope, p["attn"], hn, rope, positions, layer_cache, absorbed)
+        a, kv = self._attention("", p["attn"], hn, rope, positions, layer_cache, absorbed)
         x = x + a
-        with jax.named_scope(f"{scope}/ffn_norm"):
+        with jax.named_scope("ffn_norm"):
             hn = rms_norm(x, p["ffn_norm"], eps)
-        return x + self._ffn(scope, p, hn), kv
+        return x + self._ffn("", p, hn), kv
 
     # ================================================================== trunk
     def _rope(self, positions):

@@ -436,10 +436,19 @@ def test_moe_layer_is_grouped():
     assert biggest < n_tok * e * h  # no dense [T, E, h] dispatch
 
 
+def _composed_stacks(jaxpr, prefix=""):
+    """Every equation's name stack composed through the jitted blocks it sits in (as the graph walker reads it)."""
+    for eqn in jaxpr.eqns:
+        stack = "/".join(s for s in (prefix, str(eqn.source_info.name_stack)) if s)
+        yield stack
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _composed_stacks(sub, stack)
+
+
 def test_named_scopes():
     model, params, tokens, _, _ = setup("llama4")
     jaxpr = jax.make_jaxpr(model.forward)(params, tokens)
-    stacks = {str(eqn.source_info.name_stack) for eqn in jaxpr.jaxpr.eqns}
+    stacks = set(_composed_stacks(jaxpr.jaxpr))
     for scope in ("embed", "final_norm", "lm_head", "layer_0/attn_norm", "layer_0/qkv_proj", "layer_0/attention",
                   "layer_0/o_proj", "layer_0/ffn_norm", "layer_0/mlp", "layer_1/router", "layer_1/experts",
                   "layer_1/shared_expert"):

@@ -483,8 +483,15 @@ def _primitives(jaxpr, out=None):
     return out
 
 
-def _scopes(jaxpr):
-    return {str(e.source_info.name_stack) for e in jaxpr.eqns}
+def _scopes(jaxpr, prefix=""):
+    """Every equation's name stack composed through the jitted blocks it sits in (as the graph walker reads it)."""
+    out = set()
+    for e in jaxpr.eqns:
+        stack = "/".join(s for s in (prefix, str(e.source_info.name_stack)) if s)
+        out.add(stack)
+        for sub in jax.extend.core.jaxprs_in_params(e.params):
+            out |= _scopes(sub, stack)
+    return out
 
 
 def test_moe_layer_uses_ragged_dot_and_named_scopes():
