@@ -273,30 +273,39 @@ class Predictor:
         if isinstance(params, ParamSet):
             params = params.for_vendor(self.vendor(spec))
         arch, chips, kt, sc, maps, stacked = self.inputs(spec)
-        out = evaluate_grid(chips, kt, params, sc, stacked, np.asarray(sc.concurrency, np.float32))
-        out = {k: v[0] for k, v in out.items()}
-        value, i, j = read_metric(spec, out)
+        static, args = self._row_args(spec)
+        value, i, j = _predict_row(params, static, *args)  # one compiled program per model, kind and metric
         return value, mapping_name(maps[int(i)]), int(sc.concurrency[int(j)])
 
-    def loss_terms(self, spec: RowSpec):
-        """(static metric key, traced arguments) for :func:`row_log_error`, so rows of one model and kind share
-        one compiled gradient."""
+    def _row_args(self, spec: RowSpec):
+        """(static metric key, traced arguments) of the row: only the metric shapes the program, everything else
+        is data, so rows of one model and scenario kind share one compile (prediction and gradient alike)."""
         arch, chips, kt, sc, maps, stacked = self.inputs(spec)
-        # only the metric shapes the program; everything else is data (rows of one model and kind share a compile)
         static = RowSpec(row_id="", model="", hardware="", precision="", chips=None, mapping="", isl=1, osl=None,
                          input_dist="", draft_tokens=0, metric=spec.metric, interactivity=None, value=None)
         return static, (chips, kt, sc, stacked, np.asarray(sc.concurrency, np.float32),
-                        np.float32(spec.interactivity or 0.0), np.float32(math.log(spec.value)))
+                        np.float32(spec.interactivity or 0.0))
+
+    def loss_terms(self, spec: RowSpec):
+        """(static metric key, traced arguments) for :func:`row_log_error`."""
+        static, args = self._row_args(spec)
+        return static, args + (np.float32(math.log(spec.value)),)
 
 
-def _row_log_error(params, static, chips, kt, sc, maps, conc, target, log_value):
+def _metric_of(params, static, chips, kt, sc, maps, conc, target):
     from serving.serve import evaluate_grid
 
     out = evaluate_grid(chips, kt, params, sc, maps, conc)
-    value = read_metric(static, {k: v[0] for k, v in out.items()}, target)[0]
+    return read_metric(static, {k: v[0] for k, v in out.items()}, target)
+
+
+def _row_log_error(params, static, chips, kt, sc, maps, conc, target, log_value):
+    value = _metric_of(params, static, chips, kt, sc, maps, conc, target)[0]
     return (jnp.log(value) - log_value) ** 2
 
 
 import jax  # noqa: E402
 
+# read_metric is dozens of small array operations per mapping: run eagerly they cost more than the evaluation
+_predict_row = jax.jit(_metric_of, static_argnums=(1,))
 row_log_error = jax.jit(jax.value_and_grad(_row_log_error), static_argnums=(1,))
