@@ -1,4 +1,4 @@
-"""``python -m codesign.bench suite=serving|sweeps``: throughput figures, as ``name: value`` lines.
+"""``python -m codesign.bench suite=serving|sweeps|validate``: throughput figures, as ``name: value`` lines.
 
 suite=serving: a batch of ``designs`` Gen 2 candidate chips (random points of the design space, mapped through
 the technology model) on one workload and scenario, every mapping and concurrency, evaluated by the jit-compiled,
@@ -6,10 +6,16 @@ vmapped ``serving.serve.evaluate_grid`` (after compilation; best of ``repeats``)
 design from a plain Python loop (each call jitted for one design, also after compilation). A design-point
 evaluation is one (design, mapping, concurrency). Per-core figures divide by the cores JAX's CPU backend used
 (``os.sched_getaffinity``), measured in the same run, so the ratio compares like with like.
+
+suite=validate: ``validate_rows`` reference rows (no measured values) spread over 8 models, 9 chips, the three
+InferenceX scenarios and three metrics (model varying fastest, so a few rows already cover every model), predicted
+by ``codesign.validate.validate_rows`` in this fresh process: the kernel tables' traces (one per model and
+precision), then the rows, each timed.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import time
@@ -24,9 +30,10 @@ from arch_space.validation import check_quantity
 from codesign.cli import CONF_DIR, entry, fail
 
 PROG = "codesign.bench"
-SUITES = ("serving", "sweeps")
+SUITES = ("serving", "sweeps", "validate")
 KEYS = ("workload", "precision", "scenario", "serving", "technology", "space", "hf_config", "suite", "designs",
-        "loop_designs", "repeats", "seed", "scaling_designs", "sweep_designs", "batch_size", "workers")
+        "loop_designs", "repeats", "seed", "scaling_designs", "sweep_designs", "batch_size", "workers",
+        "validate_rows")
 
 
 def _validate(cfg: dict, overridden=()):
@@ -41,6 +48,11 @@ def _validate(cfg: dict, overridden=()):
             raise ConfigError(k, f"unknown key (known: {', '.join(KEYS)})")
     if cfg["suite"] not in SUITES:
         raise ConfigError("suite", f"must be one of {', '.join(SUITES)}, got {cfg['suite']!r}")
+    if cfg["suite"] == "validate":
+        from serving.perf import ParamSet
+
+        return "validate", dict(params=ParamSet.from_dict(cfg["serving"], "serving"),
+                                rows=int(check_quantity(cfg["validate_rows"], "validate_rows", integer=True)))
     from arch_space.design_space import DesignSpace
 
     for k in ("designs", "loop_designs", "repeats", "scaling_designs", "sweep_designs", "batch_size", "workers"):
@@ -125,6 +137,60 @@ def bench_serving(arch, precision, scenario, params, gen, designs, loop_designs,
             "vectorized_evals_per_s": round(vec), "loop_evals_per_s": round(loop),
             "vectorized_evals_per_s_per_core": round(vec / cores), "loop_evals_per_s_per_core": round(loop / cores),
             "speedup": round(vec / loop, 1)}
+
+
+BENCH_MODELS = ("gpt_oss_120b", "deepseek_r1", "llama3_70b", "kimi_k2_5", "qwen3_235b_a22b", "llama4_maverick",
+                "llama3_405b", "llama3_8b")
+BENCH_CHIPS = ("h100_sxm", "h200_sxm", "b200", "gb200", "gb300", "mi300x", "mi325x", "mi355x", "b300")
+NO_FP4 = ("h100_sxm", "h200_sxm", "mi300x", "mi325x")  # their rows run FP8 (FP4 weights would compute at FP8 anyway)
+
+
+def reference_rows(n: int) -> list[dict]:
+    """``n`` rows in the reference schema (no measured values) over BENCH_MODELS x BENCH_CHIPS x the InferenceX
+    scenarios x {total tok/s per chip at 30 and 60 tok/s/user, max interactivity}, model varying fastest."""
+    from codesign.fidelity import COLUMNS
+
+    metrics = (("total_tput_per_chip_at_interactivity", "30"), ("total_tput_per_chip_at_interactivity", "60"),
+               ("max_interactivity", ""))
+    combos = itertools.product(((1024, 1024), (1024, 8192), (8192, 1024)), metrics, BENCH_CHIPS, BENCH_MODELS)
+    rows = []
+    for i, ((isl, osl), (metric, inter), hw, model) in enumerate(itertools.islice(combos, n)):
+        rows.append(dict.fromkeys(COLUMNS, "") | dict(
+            id=f"bench-{i}", model=model, hardware=hw, precision="fp8" if hw in NO_FP4 else "fp4", chips="8",
+            mapping="best", isl=str(isl), osl=str(osl), input_dist="uniform_0.8_1.0", speculative="none",
+            metric=metric, interactivity=inter, source="codesign.bench suite=validate"))
+    return rows
+
+
+def bench_validate(params, rows: int) -> dict:
+    import csv
+    import tempfile
+
+    from codesign.fidelity import COLUMNS, Predictor, read_reference
+    from codesign.validate import validate_rows
+
+    predictor = Predictor(CONF_DIR)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rows.csv"
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(COLUMNS))
+            w.writeheader()
+            w.writerows(reference_rows(rows))
+        raw, specs = read_reference(path, predictor.models, predictor.hardware)
+    t0 = time.perf_counter()
+    firsts = {(s.model, s.precision): s for s in specs}
+    for s in firsts.values():
+        predictor.inputs(s)  # traces the kernel table (cached for the rows)
+    trace_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    records = validate_rows(predictor, params, raw, specs)
+    rows_s = time.perf_counter() - t1
+    return {"rows": len(specs), "models": len({s.model for s in specs}), "chips": len({s.hardware for s in specs}),
+            "kernel_tables": len(firsts), "predicted": sum(1 for r in records if r["predicted"]),
+            "trace_s": round(trace_s, 1), "rows_s": round(rows_s, 1), "total_s": round(trace_s + rows_s, 1),
+            "ms_per_row_after_traces": round(1e3 * rows_s / len(specs), 1),
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
 
 
 class PeakRSS:
@@ -259,7 +325,7 @@ def _main(cfg: DictConfig) -> None:
     except ConfigError as err:
         fail(PROG, err)
     suite, kwargs = args
-    result = bench_serving(**kwargs) if suite == "serving" else bench_sweeps(**kwargs)
+    result = {"serving": bench_serving, "sweeps": bench_sweeps, "validate": bench_validate}[suite](**kwargs)
     for k, v in result.items():
         print(f"{k}: {v}")
 

@@ -36,7 +36,7 @@ def test_describe_from_a_hugging_face_config(tmp_path):
     ("codesign.describe", ["workload=nope"], "workload: unknown preset 'nope'"),
     ("codesign.predict", ["hardware=nope"], "hardware: unknown preset 'nope'"),
     ("codesign.predict", ["format=xml"], "format: must be table or json, got 'xml'"),
-    ("codesign.bench", ["suite=gpus"], "suite: must be one of serving, sweeps, got 'gpus'"),
+    ("codesign.bench", ["suite=gpus"], "suite: must be one of serving, sweeps, validate, got 'gpus'"),
 ])
 def test_commands_reject_bad_input_in_one_line(module, argv, expect):
     proc = run(module, *argv)
@@ -83,6 +83,17 @@ def test_bench_sweeps_prints_the_issue_figures():
                 "sweep_1m_peak_rss_bytes"):
         assert float(lines[key]) > 0, key
     assert int(lines["sweep_1m_designs"]) == 2048 and int(lines["sweep_1m_rows_stored"]) > 0
+
+
+@pytest.mark.slow
+def test_bench_validate_prints_rows_and_times():
+    proc = run("codesign.bench", "suite=validate", "validate_rows=10")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(ln.split(": ", 1) for ln in proc.stdout.strip().splitlines())
+    assert int(lines["rows"]) == 10 and int(lines["models"]) == 8 and int(lines["kernel_tables"]) == 8
+    assert int(lines["predicted"]) > 0
+    for key in ("trace_s", "rows_s", "total_s"):
+        assert float(lines[key]) > 0, key
 
 
 def test_bench_sweeps_needs_a_sampled_space():
