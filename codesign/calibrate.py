@@ -32,7 +32,9 @@ from serving.perf import ServingParams
 from sweeps.store import atomic_write_text
 
 PROG = "codesign.calibrate"
-KEYS = ("serving", "reference", "output", "fit", "iterations", "learning_rate", "families", "family_penalty")
+KEYS = ("serving", "reference", "output", "fit", "iterations", "learning_rate", "families", "family_penalty", "cv",
+        "cv_output")
+CV_GROUPS = ("model", "hardware", "metric")  # leave-one-group-out: unseen models, unseen chips, unseen metrics
 FRACTIONS = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
              "memory_efficiency_max", "link_efficiency", "comm_overlap", "hbm_reserve_fraction")
 DEFAULT_FIT = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
@@ -149,6 +151,39 @@ def fit_families(predictor: Predictor, specs, base: ServingParams, fields, itera
     return ParamSet(shared, tuple((f, from_z(z + d[i], base, fields)) for i, f in enumerate(fams))), history
 
 
+def cross_validate(predictor: Predictor, rows, specs, by: str, fit_rows, log=print) -> list[dict]:
+    """Leave-one-group-out cross-validation: for every value g of ``by`` (a model, a chip or a metric), fit with
+    ``fit_rows(specs) -> params`` on the rows whose ``by`` is not g and predict the rows whose ``by`` is g with
+    those parameters. Returns validate's records with a ``fold`` column: every row predicted by a fit that never saw
+    its group (its model, its chip, or its metric), the honest estimate of how the calibration carries to
+    measurements it was not fitted on. A held-out chip whose vendor family has no other rows is predicted with the
+    shared set, exactly as an unmeasured chip or a candidate design is."""
+    from codesign.validate import validate_rows
+
+    out: list = [None] * len(specs)
+    for g in sorted({getattr(s, by) for s in specs}):
+        train = [s for s in specs if getattr(s, by) != g]
+        held = [i for i, s in enumerate(specs) if getattr(s, by) == g]
+        log(f"{PROG}: fold {by}={g}: fitting on {len(train)} rows, predicting {len(held)}")
+        params = fit_rows(train)
+        for i, rec in zip(held, validate_rows(predictor, params, [rows[i] for i in held], [specs[i] for i in held])):
+            out[i] = rec | {"fold": f"{by}={g}"}
+    return out
+
+
+def cv_summary(records: list[dict]) -> str:
+    """Out-of-fold |error| per fold and overall."""
+    def stats(recs):
+        e = np.asarray([abs(float(r["error_pct"])) for r in recs if r["error_pct"]])
+        return (f"median |error| {np.median(e):5.1f}%  p90 {np.percentile(e, 90):5.1f}%  ({len(e)} rows)"
+                if len(e) else "no row predicted")
+
+    folds = sorted({r["fold"] for r in records})
+    lines = [f"  held out {f:<44s} {stats([r for r in records if r['fold'] == f])}" for f in folds]
+    return "\n".join(["out-of-fold errors (each row predicted by a fit that never saw its group):", *lines,
+                      f"  all rows{' ' * 45}{stats(records)}"])
+
+
 def _validate(cfg: dict, overridden=()):
     for k in cfg:
         if k not in KEYS:
@@ -174,6 +209,14 @@ def _validate(cfg: dict, overridden=()):
     if missing:
         raise ConfigError(str(ref), f"rows without a measured value cannot be fitted: {', '.join(missing[:5])}")
     out = Path(cfg["output"]) if cfg["output"] else CONF_DIR / "serving" / "calibrated.yaml"
+    cv = cfg["cv"]
+    if cv is not None:
+        if cv not in CV_GROUPS:
+            raise ConfigError("cv", f"expected null or one of {', '.join(CV_GROUPS)}, got {cv!r}")
+        if len({getattr(s, cv) for s in specs}) < 2:
+            raise ConfigError("cv", f"the reference file has one {cv} only: nothing to hold out")
+        if not isinstance(cfg["cv_output"], str) or not cfg["cv_output"]:
+            raise ConfigError("cv_output", f"expected a file path, got {cfg['cv_output']!r}")
     return base, fields, iterations, lr, ref, predictor, rows, specs, out, cfg["families"], penalty
 
 
@@ -225,11 +268,24 @@ def _main(cfg: DictConfig) -> None:
         fail(PROG, err)
     t0 = time.perf_counter()
     per = "per vendor family" if families else "shared by all chips"
+
+    def fit_rows(rows_specs, log=print):
+        if families:
+            return fit_families(predictor, rows_specs, base, fields, iterations, lr, penalty, log=log)
+        return fit(predictor, rows_specs, base, fields, iterations, lr, log=log)
+
+    if cfg.cv:
+        from codesign.validate import OUT_COLUMNS, write_csv
+
+        print(f"{PROG}: leave-one-{cfg.cv}-out cross-validation of {len(fields)} parameters ({per}) on {len(specs)} "
+              f"rows of {ref} (the calibration file is not touched)")
+        records = cross_validate(predictor, rows, specs, cfg.cv, lambda sp: fit_rows(sp, log=lambda *_: None)[0])
+        write_csv(Path(cfg.cv_output), records, (*OUT_COLUMNS, "fold"))
+        print(cv_summary(records))
+        print(f"{PROG}: wrote {cfg.cv_output} in {time.perf_counter() - t0:.0f} s")
+        return
     print(f"{PROG}: fitting {len(fields)} parameters ({per}) to {len(specs)} rows of {ref}")
-    if families:
-        params, history = fit_families(predictor, specs, base, fields, iterations, lr, penalty)
-    else:
-        params, history = fit(predictor, specs, base, fields, iterations, lr)
+    params, history = fit_rows(specs)
     records = validate_rows(predictor, params, rows, specs)
     atomic_write_text(out, calibration_yaml(params, fields, ref, specs, records, history, penalty))
     print(summary(records, 5))

@@ -86,9 +86,9 @@ def summary(records: list[dict], worst: int) -> str:
     return "\n".join(lines)
 
 
-def write_csv(path: Path, records: list[dict]) -> None:
+def write_csv(path: Path, records: list[dict], columns=OUT_COLUMNS) -> None:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(OUT_COLUMNS), lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
     w.writeheader()
     w.writerows(records)
     atomic_write_text(path, buf.getvalue())

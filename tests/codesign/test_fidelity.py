@@ -143,3 +143,71 @@ def test_validate_writes_every_row_and_reproduces_the_calibration_file_errors(tm
             assert got[rid]["reason"]
         else:
             assert float(got[rid]["error_pct"]) == pytest.approx(float(err), abs=0.02)
+
+
+def test_cross_validation_predicts_each_row_once_with_a_fit_that_never_saw_its_group(tmp_path):
+    """The fit of each fold receives no row of the held-out group, and every row is predicted exactly once, by the
+    parameters of its own fold (the stand-in fit marks its parameters with the groups it saw)."""
+    from codesign.calibrate import cross_validate
+
+    rows = [row(0), row(1, isl="8192"), row(2, hardware="h200_sxm"), row(3, hardware="b200", precision="fp4"),
+            row(4, hardware="b200", precision="fp4", isl="8192")]
+    path = write_rows(tmp_path / "rows.csv", rows)
+    predictor = Predictor(CONF_DIR)
+    raw, specs = read_reference(path, predictor.models, predictor.hardware)
+    base = ServingParams.from_dict(load_yaml("serving/default.yaml"))
+    seen = []
+
+    def fake_fit(train):
+        seen.append(sorted(s.hardware for s in train))
+        # a distinct parameter set per fold, so each row's prediction tells which fold's fit made it
+        return dataclasses.replace(base, memory_efficiency_max=0.5 + 0.1 * len(seen))
+
+    records = cross_validate(predictor, raw, specs, "hardware", fake_fit, log=lambda *_: None)
+    assert seen == [["h100_sxm", "h100_sxm", "h200_sxm"], ["b200", "b200", "h200_sxm"],
+                    ["b200", "b200", "h100_sxm", "h100_sxm"]]  # folds b200, h100_sxm, h200_sxm in order
+    assert [r["id"] for r in records] == [r["id"] for r in rows]
+    assert [r["fold"] for r in records] == ["hardware=h100_sxm"] * 2 + ["hardware=h200_sxm"] + ["hardware=b200"] * 2
+    fold_params = {"hardware=b200": 0.6, "hardware=h100_sxm": 0.7, "hardware=h200_sxm": 0.8}
+    for r, s in zip(records, specs):
+        want = float(predictor.predict(s, dataclasses.replace(base, memory_efficiency_max=fold_params[r["fold"]]))[0])
+        assert float(r["predicted"]) == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("override, expect", [
+    ("cv=chips", "cv: expected null or one of model, hardware, metric, got 'chips'"),
+    ("cv=model", "cv: the reference file has one model only: nothing to hold out"),
+])
+def test_calibrate_rejects_a_bad_cross_validation_in_one_line(tmp_path, override, expect):
+    path = write_rows(tmp_path / "rows.csv", [row(0), row(1, hardware="h200_sxm")])
+    proc = subprocess.run([sys.executable, "-m", "codesign.calibrate", f"reference={path}", override,
+                           f"cv_output={tmp_path / 'cv.csv'}"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert expect in proc.stderr
+    assert not (tmp_path / "cv.csv").exists()
+
+
+@pytest.mark.slow
+def test_calibrate_cross_validation_command_writes_out_of_fold_rows(tmp_path):
+    """End to end: synthetic rows the model generated from the default parameters; fitted (a few steps) without
+    each chip and predicted, every row comes back with its fold and a small out-of-fold error."""
+    predictor = Predictor(CONF_DIR)
+    base = ServingParams.from_dict(load_yaml("serving/default.yaml"))
+    rows = [row(0), row(1, isl="8192"), row(2, hardware="h200_sxm"), row(3, hardware="h200_sxm", isl="8192")]
+    path = write_rows(tmp_path / "rows.csv", rows)
+    _, specs = read_reference(path, predictor.models, predictor.hardware)
+    for r, s in zip(rows, specs):
+        r["value"] = f"{float(predictor.predict(s, base)[0]):.8g}"
+    write_rows(path, rows)
+    out = tmp_path / "cv.csv"
+    proc = subprocess.run([sys.executable, "-m", "codesign.calibrate", f"reference={path}", "cv=hardware",
+                           "iterations=3", "serving=default", "fit=[memory_efficiency_max]", f"cv_output={out}",
+                           f"output={tmp_path / 'never.yaml'}"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "held out hardware=h100_sxm" in proc.stdout and "held out hardware=h200_sxm" in proc.stdout
+    got = list(csv.DictReader(out.open()))
+    assert [r["id"] for r in got] == [r["id"] for r in rows]
+    assert {r["fold"] for r in got} == {"hardware=h100_sxm", "hardware=h200_sxm"}
+    assert all(abs(float(r["error_pct"])) < 5 for r in got)  # 3 small steps from the truth
+    assert not (tmp_path / "never.yaml").exists()  # cross-validation never writes a calibration
