@@ -197,28 +197,29 @@ def read_metric(spec: RowSpec, out: dict, target=None):
         return best(out["e2e_s"], -1.0)
     if spec.metric == "max_interactivity":
         return best(out["interactivity_tok_s_user"])
-    # total tokens/s per chip at an interactivity: per mapping, interpolate along concurrency
+    # total tokens/s per chip at an interactivity: per mapping (rows, all at once: one program whatever the number
+    # of mappings), interpolate along concurrency
     x, y = out["interactivity_tok_s_user"], out["total_tok_s_per_chip"]
     target = spec.interactivity if target is None else target
-    vals, js = [], []
-    for i in range(x.shape[0]):
-        ok = feas[i]
-        xi = jnp.where(ok, x[i], -jnp.inf)
-        # interactivity falls as concurrency rises; find the first concurrency below the target
-        below = ok & (x[i] < target)
-        j = jnp.argmax(below)  # first concurrency slower than the target
-        has_below = jnp.any(below)
-        reach = jnp.max(xi) >= target
-        j0 = jnp.maximum(j - 1, 0)
-        t = (x[i, j0] - target) / jnp.maximum(x[i, j0] - x[i, j], 1e-12)
-        interp = y[i, j0] + jnp.clip(t, 0.0, 1.0) * (y[i, j] - y[i, j0])
-        last_ok = jnp.max(jnp.where(ok, jnp.arange(x.shape[1]), -1))
-        tail = y[i, jnp.maximum(last_ok, 0)]  # every feasible point is faster than the target: the slowest one
-        vals.append(jnp.where(reach, jnp.where(has_below & (j > 0), interp, jnp.where(has_below, neg, tail)), neg))
-        js.append(jnp.where(has_below & (j > 0), j0, jnp.maximum(last_ok, 0)))
-    vals = jnp.stack(vals)
+
+    def at(a, idx):  # a[m, idx[m]] for every mapping m
+        return jnp.take_along_axis(a, idx[:, None], axis=1)[:, 0]
+
+    # interactivity falls as concurrency rises; find each mapping's first concurrency below the target
+    below = feas & (x < target)
+    j = jnp.argmax(below, axis=1)  # first concurrency slower than the target
+    has_below = jnp.any(below, axis=1)
+    reach = jnp.max(jnp.where(feas, x, -jnp.inf), axis=1) >= target
+    j0 = jnp.maximum(j - 1, 0)
+    x0, x1, y0, y1 = at(x, j0), at(x, j), at(y, j0), at(y, j)
+    interp = y0 + jnp.clip((x0 - target) / jnp.maximum(x0 - x1, 1e-12), 0.0, 1.0) * (y1 - y0)
+    last_ok = jnp.maximum(jnp.max(jnp.where(feas, jnp.arange(x.shape[1])[None, :], -1), axis=1), 0)
+    tail = at(y, last_ok)  # every feasible point is faster than the target: the slowest one
+    inside = has_below & (j > 0)
+    vals = jnp.where(reach, jnp.where(inside, interp, jnp.where(has_below, neg, tail)), neg)
+    js = jnp.where(inside, j0, last_ok)
     i = jnp.argmax(vals)
-    return jnp.max(vals), i, jnp.stack(js)[i]
+    return jnp.max(vals), i, js[i]
 
 
 class Predictor:
@@ -280,9 +281,17 @@ class Predictor:
     def _row_args(self, spec: RowSpec):
         """(static metric key, traced arguments) of the row: only the metric shapes the program, everything else
         is data, so rows of one model and scenario kind share one compile (prediction and gradient alike)."""
+        from serving.kernel_table import pad_kernels
+        from serving.serve import stack_mappings
+
         arch, chips, kt, sc, maps, stacked = self.inputs(spec)
         static = RowSpec(row_id="", model="", hardware="", precision="", chips=None, mapping="", isl=1, osl=None,
                          input_dist="", draft_tokens=0, metric=spec.metric, interactivity=None, value=None)
+        # Kernels and mappings padded to powers of two (neutral rows; padded mappings repeat the first, and every
+        # arg-max takes the first of equal values, so a real mapping is always the one reported): rows of every
+        # model share the compiles of their scenario kind and metric (a diverse file compiled once per model before)
+        kt = pad_kernels(kt, _bucket(kt.num_kernels))
+        stacked = stack_mappings(list(maps) + [maps[0]] * (_bucket(len(maps)) - len(maps)))
         return static, (chips, kt, sc, stacked, np.asarray(sc.concurrency, np.float32),
                         np.float32(spec.interactivity or 0.0))
 
@@ -290,6 +299,11 @@ class Predictor:
         """(static metric key, traced arguments) for :func:`row_log_error`."""
         static, args = self._row_args(spec)
         return static, args + (np.float32(math.log(spec.value)),)
+
+
+def _bucket(n: int) -> int:
+    """The power of two >= n (at least 8)."""
+    return max(8, 1 << (int(n) - 1).bit_length())
 
 
 def _metric_of(params, static, chips, kt, sc, maps, conc, target):

@@ -203,6 +203,21 @@ def _recipe(cls: str) -> str:
     return RECIPE_CLASS[cls]
 
 
+def pad_kernels(kt: KernelTable, size: int) -> KernelTable:
+    """``kt`` with ``size`` rows and no names: the extra rows copy the first kernel with ``count`` and
+    ``draft_count`` 0, so they add exactly nothing (every per-kernel quantity the evaluator sums is weighted by the
+    counts, and a copy of a real kernel keeps every intermediate finite). Tables of different models padded to one
+    size share one compiled evaluator."""
+    k = kt.num_kernels
+    if size < k:
+        raise ValueError(f"cannot pad {k} kernels to {size}")
+    idx = np.concatenate([np.arange(k), np.zeros(size - k, dtype=int)])
+    rows = {f: np.asarray(getattr(kt, f))[idx] for f in _DATA if np.ndim(getattr(kt, f)) >= 1}
+    for f in ("count", "draft_count"):
+        rows[f][k:] = 0.0
+    return dataclasses.replace(kt, **rows, names=())
+
+
 def build_kernel_table(arch, precision: Precision) -> KernelTable:
     """The kernel table of ``arch`` in ``precision`` (traced once per process and cached)."""
     return _cached_table(arch, precision.for_workload(arch.name))

@@ -378,3 +378,25 @@ def test_closed_loop_iterations_prefill_whole_prompts():
     one = Work(decode_tokens=1.0, decode_queries=1.0, context=isl + osl / 2, prefill_requests=1.0 / osl,
                prefill_len=isl)
     assert float(evaluate_point(c, kt, DEFAULT, sc, Mapping(), 1.0)["tpot_s"]) < 0.9 * capped(one)
+
+
+@pytest.mark.parametrize("kind", ["closed_loop", "offline", "disaggregated"])
+def test_padded_kernel_rows_change_nothing(kind):
+    """pad_kernels adds rows with count 0: every output of the evaluator equals the unpadded table's (the oracle is
+    the same evaluation without padding), so tables of different models can share one compiled shape."""
+    from serving.kernel_table import pad_kernels
+
+    kt = table("gpt_oss_120b", "fp4")
+    padded = pad_kernels(kt, 32)
+    assert padded.num_kernels == 32 and padded.names == ()
+    sc = scenario("inferencex_8k1k", kind=kind, prefill_pool_fraction=None)
+    maps = stack_mappings(enumerate_mappings(arch("gpt_oss_120b"), 8))
+    conc = np.asarray([1, 16, 256], np.float32)
+    chips = stack([chip(), chip(hbm_bandwidth_bytes_per_s=4e12)])
+    params = ServingParams.from_dict(load_yaml("serving/default.yaml"))
+    want = evaluate_grid(chips, kt, params, sc, maps, conc)
+    got = evaluate_grid(chips, padded, params, sc, maps, conc)
+    for key in want:
+        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=1e-6, err_msg=key)
+    with pytest.raises(ValueError):
+        pad_kernels(kt, kt.num_kernels - 1)
