@@ -173,15 +173,12 @@ def cross_validate(predictor: Predictor, rows, specs, by: str, fit_rows, log=pri
 
 def cv_summary(records: list[dict]) -> str:
     """Out-of-fold |error| per fold and overall."""
-    def stats(recs):
-        e = np.asarray([abs(float(r["error_pct"])) for r in recs if r["error_pct"]])
-        return (f"median |error| {np.median(e):5.1f}%  p90 {np.percentile(e, 90):5.1f}%  ({len(e)} rows)"
-                if len(e) else "no row predicted")
+    from codesign.validate import error_stats
 
     folds = sorted({r["fold"] for r in records})
-    lines = [f"  held out {f:<44s} {stats([r for r in records if r['fold'] == f])}" for f in folds]
+    lines = [f"  held out {f:<44s} {error_stats([r for r in records if r['fold'] == f])}" for f in folds]
     return "\n".join(["out-of-fold errors (each row predicted by a fit that never saw its group):", *lines,
-                      f"  all rows{' ' * 45}{stats(records)}"])
+                      f"  all rows{' ' * 45}{error_stats(records)}"])
 
 
 def _validate(cfg: dict, overridden=()):

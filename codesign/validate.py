@@ -69,6 +69,14 @@ def validate_rows(predictor: Predictor, params, rows, specs) -> list[dict]:
     return out
 
 
+def error_stats(records: list[dict]) -> str:
+    """Median and 90th-percentile |error| of the records that have one."""
+    e = np.asarray([abs(float(r["error_pct"])) for r in records if r["error_pct"]])
+    if not len(e):
+        return "no row with a measured value predicted"
+    return f"median |error| {np.median(e):5.1f}%  p90 {np.percentile(e, 90):6.1f}%  ({len(e)} rows)"
+
+
 def summary(records: list[dict], worst: int) -> str:
     errs = [(abs(float(r["error_pct"])), r) for r in records if r["error_pct"]]
     lines = [f"rows: {len(records)}, predicted: {sum(1 for r in records if r['predicted'])}, "
@@ -76,6 +84,11 @@ def summary(records: list[dict], worst: int) -> str:
     if errs:
         a = np.asarray([e for e, _ in errs])
         lines.append(f"median |error|: {np.median(a):.1f}%   p90 |error|: {np.percentile(a, 90):.1f}%")
+        for col in ("model", "hardware", "metric"):  # where the errors sit
+            groups = sorted({r[col] for _, r in errs})
+            if len(groups) > 1:
+                lines += [f"  {col + ' ' + g:<47s} {error_stats([r for _, r in errs if r[col] == g])}"
+                          for g in groups]
         for e, r in sorted(errs, key=lambda t: -t[0])[:worst]:
             lines.append(f"  worst {r['id']}: {r['model']} on {r['hardware']} {r['metric']} value {r['value']} "
                          f"predicted {r['predicted']} ({float(r['error_pct']):+.1f}%, {r['mapping_used']} "

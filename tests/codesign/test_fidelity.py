@@ -211,3 +211,20 @@ def test_calibrate_cross_validation_command_writes_out_of_fold_rows(tmp_path):
     assert {r["fold"] for r in got} == {"hardware=h100_sxm", "hardware=h200_sxm"}
     assert all(abs(float(r["error_pct"])) < 5 for r in got)  # 3 small steps from the truth
     assert not (tmp_path / "never.yaml").exists()  # cross-validation never writes a calibration
+
+
+def test_validate_summary_splits_the_errors_by_model_chip_and_metric():
+    from codesign.validate import summary
+
+    def rec(i, model, hw, err):
+        return dict(id=f"r{i}", model=model, hardware=hw, metric="max_output_tput_per_chip", value="1",
+                    predicted="1", error_pct=str(err), mapping_used="tp1", concurrency_used="1", reason="")
+
+    records = [rec(0, "a", "x", 10), rec(1, "a", "y", -30), rec(2, "a", "y", 20), rec(3, "b", "x", 4)]
+    lines = summary(records, 0).splitlines()
+    assert "median |error|: 15.0%" in lines[1]  # |errors| 4, 10, 20, 30
+    by = {ln.split()[0] + " " + ln.split()[1]: ln for ln in lines[2:]}
+    assert "median |error|  20.0%" in by["model a"] and "(3 rows)" in by["model a"]  # 10, 20, 30
+    assert "median |error|   4.0%" in by["model b"]
+    assert "median |error|   7.0%" in by["hardware x"] and "median |error|  25.0%" in by["hardware y"]
+    assert not any(k.startswith("metric") for k in by)  # one metric: no split
