@@ -325,6 +325,25 @@ def _timed(fn, args, repeats: int, warmup: int = 1, fresh=None, stat: str = "med
     return _stat(_samples(fn, args, repeats, warmup, fresh), stat)
 
 
+def _interleaved(calls, repeats: int, warmup: int = 1, stat: str = "median") -> list[float]:
+    """Times of several ``(fn, args)`` measured in rounds (each compiled and warmed first, then one run of each
+    per round): a slow spell of a shared machine then lands on every call alike instead of on whichever call
+    happened to run during it, which matters when the calls are compared with one another (the GEMM row sweep
+    against the streaming bandwidth)."""
+    import jax
+
+    for fn, args in calls:
+        for _ in range(1 + warmup):
+            jax.block_until_ready(fn(*args))
+    samples = [[] for _ in calls]
+    for _ in range(repeats):
+        for i, (fn, args) in enumerate(calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            samples[i].append(time.perf_counter() - t0)
+    return [_stat(np.asarray(x), stat) for x in samples]
+
+
 def sweep_rows(batches, prefill_tokens) -> list[int]:
     """Row counts of the GEMM sweep: powers of two up to the largest of the run, and the run's own counts."""
     top = max(max(batches), prefill_tokens)
@@ -357,13 +376,11 @@ def microbenchmarks(dtype_name: str, info: dict, bench: dict, rows=(1,), experts
     k = 8192
     stream = bench["stream_bytes"] or (2 ** 30 if cpu else 2 ** 32)
     cols = max(stream // (k * item), 8)
-    w = jnp.full((k, cols), 0.5, dtype)
+    w_stream = jnp.full((k, cols), 0.5, dtype)
     x = jnp.full((1, k), 0.5, dtype)
-    out["stream_bytes_per_s"] = w.nbytes / _timed(gemv, (x, w), reps, stat=st)
     out["stream_shape"] = f"1x{k} @ {k}x{cols} {dtype_name}"
     red = jax.jit(lambda w: jnp.sum(w, dtype=jnp.float32))
-    out["reduce_bytes_per_s"] = w.nbytes / _timed(red, (w,), reps, stat=st)
-    del w
+    out["reduce_bytes_per_s"] = w_stream.nbytes / _timed(red, (w_stream,), reps, stat=st)
     small_cols = max(int(info["cache_bytes"] / 4) // (k * item), 8)
     w = jnp.full((k, small_cols), 0.5, dtype)
     out["cache_bytes_per_s"] = w.nbytes / _timed(gemv, (x, w), max(reps, 10), stat=st)
@@ -384,17 +401,18 @@ def microbenchmarks(dtype_name: str, info: dict, bench: dict, rows=(1,), experts
     t1 = _samples(chain(1), (xs, ms), 100, warmup=10).min()
     t257 = _samples(chain(257), (xs, ms), 100, warmup=10).min()
     out["kernel_overhead_s"] = float(max((t257 - t1) / 256.0, 0.0))
-    # GEMM row sweep over a weight of half the streaming benchmark's bytes (beyond the caches, as the model's are)
+    # GEMM row sweep over a weight of half the streaming benchmark's bytes (beyond the caches, as the model's are),
+    # interleaved with the streaming GEMV: the decode fit splits each point's time into memory (at the streaming
+    # rate) and compute, so both must see the machine in the same state
     kk = 4096
     nn = max(stream // 2 // (kk * item), 8)
     w = jnp.full((kk, nn), 0.5, dtype)
-    sweep = []
-    for m in rows:
-        xm = jnp.full((m, kk), 0.5, dtype)
-        sweep.append((int(m), _timed(gemv, (xm, w), reps, stat=st)))
-    out["gemm_sweep"] = {"k": kk, "n": nn, "dtype": dtype_name, "rows": [r for r, _ in sweep],
-                         "seconds": [t for _, t in sweep]}
-    del w
+    calls = [(gemv, (x, w_stream))] + [(gemv, (jnp.full((int(m), kk), 0.5, dtype), w)) for m in rows]
+    times = _interleaved(calls, max(reps, 5), stat=st)
+    out["stream_bytes_per_s"] = w_stream.nbytes / times[0]
+    out["gemm_sweep"] = {"k": kk, "n": nn, "dtype": dtype_name, "rows": [int(m) for m in rows],
+                         "seconds": times[1:]}
+    del w, w_stream, calls
     if experts:  # 8 of 16 stacked [4096, n] matrices, picked by traced indices inside one jitted loop
         ne = max(stream // 2 // (16 * kk * item), 8)
         stack = jnp.full((16, kk, ne), 0.5, dtype)
