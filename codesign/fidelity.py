@@ -278,6 +278,28 @@ class Predictor:
         value, i, j = _predict_row(params, static, *args)  # one compiled program per model, kind and metric
         return value, mapping_name(maps[int(i)]), int(sc.concurrency[int(j)])
 
+    def why_not(self, spec: RowSpec, params) -> str:
+        """Why the row has no prediction: the most common infeasibility over its mappings and concurrencies, or,
+        for a row at an interactivity, the best interactivity any feasible point reaches."""
+        from serving.perf import INFEASIBLE_REASONS, ParamSet
+        from serving.serve import evaluate_grid
+
+        if isinstance(params, ParamSet):
+            params = params.for_vendor(self.vendor(spec))
+        arch, chips, kt, sc, maps, stacked = self.inputs(spec)
+        out = evaluate_grid(chips, kt, params, sc, stacked, np.asarray(sc.concurrency, np.float32))
+        code = np.asarray(out["infeasible_code"][0])
+        if not (code == 0).any():
+            counts = {c: int((code == c).sum()) for c in INFEASIBLE_REASONS if (code == c).any()}
+            worst = max(counts, key=counts.get)
+            return (f"no feasible operating point on {sc.max_chips} {spec.hardware} chips: "
+                    f"{INFEASIBLE_REASONS[worst]} ({counts[worst]} of {code.size} points)")
+        if spec.metric == "total_tput_per_chip_at_interactivity":
+            best = float(np.max(np.where(code == 0, np.asarray(out["interactivity_tok_s_user"][0]), 0.0)))
+            return (f"interactivity {spec.interactivity:g} tok/s/user is beyond the best any feasible point "
+                    f"reaches ({best:.1f} tok/s/user)")
+        return "no feasible operating point reaches this metric"
+
     def _row_args(self, spec: RowSpec):
         """(static metric key, traced arguments) of the row: only the metric shapes the program, everything else
         is data, so rows of one model and scenario kind share one compile (prediction and gradient alike)."""

@@ -59,7 +59,7 @@ def validate_rows(predictor: Predictor, params, rows, specs) -> list[dict]:
             out.append(rec)
             continue
         if not math.isfinite(value) or value <= 0:
-            rec["reason"] = "no feasible operating point (memory or domain) reaches this metric"
+            rec["reason"] = predictor.why_not(spec, params)
         else:
             rec["predicted"] = f"{value:.6g}"
             rec["mapping_used"], rec["concurrency_used"] = mapping, str(conc)

@@ -228,3 +228,20 @@ def test_validate_summary_splits_the_errors_by_model_chip_and_metric():
     assert "median |error|   4.0%" in by["model b"]
     assert "median |error|   7.0%" in by["hardware x"] and "median |error|  25.0%" in by["hardware y"]
     assert not any(k.startswith("metric") for k in by)  # one metric: no split
+
+
+def test_a_row_without_a_prediction_says_why(tmp_path):
+    """Weights that fit no mapping, and an interactivity no feasible point reaches, each get their own reason."""
+    from codesign.validate import validate_rows
+
+    rows = [row(0, model="llama3_405b", precision="bf16"),  # 811 GB of BF16 weights on one 80 GB H100
+            row(1, metric="total_tput_per_chip_at_interactivity", mapping="best", chips="8",
+                input_dist="uniform_0.8_1.0", interactivity="100000")]
+    path = write_rows(tmp_path / "rows.csv", rows)
+    predictor = Predictor(CONF_DIR)
+    raw, specs = read_reference(path, predictor.models, predictor.hardware)
+    params = ServingParams.from_dict(load_yaml("serving/default.yaml"))
+    heavy, fast = validate_rows(predictor, params, raw, specs)
+    assert not heavy["predicted"] and "weights do not fit in HBM" in heavy["reason"]
+    assert "1 h100_sxm chips" in heavy["reason"]
+    assert not fast["predicted"] and "interactivity 100000 tok/s/user is beyond the best" in fast["reason"]
