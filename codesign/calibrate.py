@@ -236,6 +236,9 @@ def calibration_yaml(params, fields, ref: Path, specs, records, history, penalty
         tag = "  # fitted" if f.name in fields else "  # kept from the starting config"
         lines.append(f"{f.name}: {v:.6g}{tag}")
     if pset.families:
+        lines += ["unmeasured_family: null  # chips of vendors without a fitted set (candidate designs, Gen 1, TPUs...)"
+                  " use the shared set;",
+                  "                         # a family name (e.g. nvidia) gives them that family's software maturity"]
         lines.append("families:  # fitted per vendor family (the chip's vendor, lower case)")
         for name, fp in pset.families:
             lines.append(f"  {name}:")

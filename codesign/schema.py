@@ -202,7 +202,7 @@ def load_study(cfg: dict, *, overridden: tuple[str, ...] = (), conf_dir: Path = 
         space=DesignSpace.from_dict(cfg["space"], "space"),
         sweep=SweepConfig.from_dict(cfg["sweep"], "sweep"),
         report=ReportConfig.from_dict(cfg["report"], "report"),
-        serving=ServingParams.from_dict(cfg["serving"], "serving"),
+        serving=ParamSet.from_dict(cfg["serving"], "serving").shared,  # candidates: unmeasured_family's set
         serving_set=ParamSet.from_dict(cfg["serving"], "serving"),
         competitors=competitors,
         raw=cfg,

@@ -67,7 +67,7 @@ class ServingParams:
     def from_dict(cls, data, path: str = "serving") -> "ServingParams":
         # a calibrated file carries its fit report under `fit` (data, per-row errors) and per-vendor-family sets
         # under `families` (ParamSet below): neither is a parameter of this set
-        p = build(cls, data, path, ignore=("fit", "families"))
+        p = build(cls, data, path, ignore=("fit", "families", "unmeasured_family"))
         for f in _FRACTIONS:
             if getattr(p, f) > 1:
                 raise ConfigError(f"{path}.{f}", f"must be <= 1 (a fraction), got {getattr(p, f)}")
@@ -87,7 +87,12 @@ def family_of(vendor: str | None) -> str:
 class ParamSet:
     """Serving parameters per vendor family (the calibration issue allows one set per family): a ``shared`` set
     for chips of families without their own (candidate designs, vendors with no measurements) and fitted sets for
-    the families in ``families`` (conf/serving/calibrated.yaml: a family lists only the values it overrides)."""
+    the families in ``families`` (conf/serving/calibrated.yaml: a family lists only the values it overrides).
+
+    ``unmeasured_family`` (a config key, null by default) makes a fitted family's set the one chips without their
+    own use: how mature the software of a chip never measured will be is an assumption (cross-validation on the
+    calibration file: with AMD held out, the set fitted on NVIDIA put MI355X 2.5-10x too high), and this is its
+    knob: ``serving.unmeasured_family=nvidia`` or ``=amd`` against the shared set in between."""
     shared: ServingParams
     families: tuple[tuple[str, ServingParams], ...] = ()
 
@@ -100,7 +105,7 @@ class ParamSet:
         fams = (data or {}).get("families") or {}
         if not isinstance(fams, dict):
             raise ConfigError(f"{path}.families", f"expected a mapping of vendor families to parameters, got {fams!r}")
-        base = {k: v for k, v in data.items() if k not in ("fit", "families")}
+        base = {k: v for k, v in data.items() if k not in ("fit", "families", "unmeasured_family")}
         out = []
         for name, over in sorted(fams.items()):
             if not isinstance(over, dict):
@@ -108,6 +113,13 @@ class ParamSet:
             if family_of(name) != name:
                 raise ConfigError(f"{path}.families.{name}", "family names are lower-case vendor names")
             out.append((name, ServingParams.from_dict(base | over, f"{path}.families.{name}")))
+        unmeasured = (data or {}).get("unmeasured_family")
+        if unmeasured is not None:
+            known = dict(out)
+            if unmeasured not in known:
+                raise ConfigError(f"{path}.unmeasured_family", f"no fitted family {unmeasured!r} (fitted: "
+                                                               f"{', '.join(known) or 'none'}; null: the shared set)")
+            shared = known[unmeasured]
         return cls(shared, tuple(out))
 
 INFEASIBLE_REASONS = {

@@ -37,6 +37,8 @@ def test_describe_from_a_hugging_face_config(tmp_path):
     ("codesign.predict", ["hardware=nope"], "hardware: unknown preset 'nope'"),
     ("codesign.predict", ["format=xml"], "format: must be table or json, got 'xml'"),
     ("codesign.bench", ["suite=gpus"], "suite: must be one of serving, sweeps, validate, got 'gpus'"),
+    ("codesign.predict", ["serving.unmeasured_family=intel"],
+     "serving.unmeasured_family: no fitted family 'intel' (fitted: amd, nvidia; null: the shared set)"),
 ])
 def test_commands_reject_bad_input_in_one_line(module, argv, expect):
     proc = run(module, *argv)

@@ -245,3 +245,20 @@ def test_a_row_without_a_prediction_says_why(tmp_path):
     assert not heavy["predicted"] and "weights do not fit in HBM" in heavy["reason"]
     assert "1 h100_sxm chips" in heavy["reason"]
     assert not fast["predicted"] and "interactivity 100000 tok/s/user is beyond the best" in fast["reason"]
+
+
+def test_unmeasured_family_gives_chips_without_a_set_that_familys_parameters():
+    """serving.unmeasured_family: vendors without a fitted set (candidates, Gen 1) take the named family's set;
+    fitted vendors keep their own; null keeps the shared set."""
+    from serving.perf import ParamSet
+
+    data = load_yaml("serving/calibrated.yaml")
+    plain = ParamSet.from_dict(data)
+    as_nvidia = ParamSet.from_dict(data | {"unmeasured_family": "nvidia"})
+    assert as_nvidia.for_vendor("OpenAI") == plain.for_vendor("NVIDIA") != plain.for_vendor("OpenAI")
+    assert as_nvidia.for_vendor("") == plain.for_vendor("NVIDIA")  # candidate designs
+    assert as_nvidia.for_vendor("AMD") == plain.for_vendor("AMD")
+    assert ParamSet.from_dict(data | {"unmeasured_family": None}) == plain
+    with pytest.raises(ConfigError) as ei:
+        ParamSet.from_dict(data | {"unmeasured_family": "intel"})
+    assert "serving.unmeasured_family" in str(ei.value) and "'intel'" in str(ei.value)

@@ -35,7 +35,7 @@ def test_runtime_settings_do_not_change_the_identity(override):
     "workload=llama2_70b", "scenario=offline_1k1k", "precision=fp8", "serving=default",
     "space.power_rating_w=[700,1200]", "space.clock_scale=[1.1]", "generation=[gen2]",
     "hardware.hbm_bandwidth_bytes_per_s=2e13", "competitors=[gb200]", "sweep.keep=frontier",
-    "sweep.mappings=[tp1]",
+    "sweep.mappings=[tp1]", "serving.unmeasured_family=nvidia",
 ])
 def test_what_defines_results_changes_the_identity(override):
     assert sweep_id(override) != BASE
