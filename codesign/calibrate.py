@@ -178,7 +178,7 @@ def cv_summary(records: list[dict]) -> str:
     folds = sorted({r["fold"] for r in records})
     lines = [f"  held out {f:<44s} {error_stats([r for r in records if r['fold'] == f])}" for f in folds]
     return "\n".join(["out-of-fold errors (each row predicted by a fit that never saw its group):", *lines,
-                      f"  all rows{' ' * 45}{error_stats(records)}"])
+                      f"  all rows{' ' * 46}{error_stats(records)}"])
 
 
 def _validate(cfg: dict, overridden=()):

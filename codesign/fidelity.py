@@ -275,7 +275,7 @@ class Predictor:
             params = params.for_vendor(self.vendor(spec))
         arch, chips, kt, sc, maps, stacked = self.inputs(spec)
         static, args = self._row_args(spec)
-        value, i, j = _predict_row(params, static, *args)  # one compiled program per model, kind and metric
+        value, i, j = _predict_row(params, static, *args)  # one program per scenario kind, metric and size bucket
         return value, mapping_name(maps[int(i)]), int(sc.concurrency[int(j)])
 
     def why_not(self, spec: RowSpec, params) -> str:
@@ -342,6 +342,6 @@ def _row_log_error(params, static, chips, kt, sc, maps, conc, target, log_value)
 
 import jax  # noqa: E402
 
-# read_metric is dozens of small array operations per mapping: run eagerly they cost more than the evaluation
+# read_metric is dozens of small array operations: run eagerly they cost more than the evaluation itself
 _predict_row = jax.jit(_metric_of, static_argnums=(1,))
 row_log_error = jax.jit(jax.value_and_grad(_row_log_error), static_argnums=(1,))
