@@ -163,19 +163,15 @@ def reference_rows(n: int) -> list[dict]:
 
 
 def bench_validate(params, rows: int) -> dict:
-    import csv
     import tempfile
 
     from codesign.fidelity import COLUMNS, Predictor, read_reference
-    from codesign.validate import validate_rows
+    from codesign.validate import validate_rows, write_csv
 
     predictor = Predictor(CONF_DIR)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "rows.csv"
-        with open(path, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(COLUMNS))
-            w.writeheader()
-            w.writerows(reference_rows(rows))
+        write_csv(path, reference_rows(rows), COLUMNS)
         raw, specs = read_reference(path, predictor.models, predictor.hardware)
     t0 = time.perf_counter()
     firsts = {(s.model, s.precision): s for s in specs}

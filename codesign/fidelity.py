@@ -273,8 +273,7 @@ class Predictor:
 
         if isinstance(params, ParamSet):
             params = params.for_vendor(self.vendor(spec))
-        arch, chips, kt, sc, maps, stacked = self.inputs(spec)
-        static, args = self._row_args(spec)
+        static, args, maps, sc = self._row_args(spec)
         value, i, j = _predict_row(params, static, *args)  # one program per scenario kind, metric and size bucket
         return value, mapping_name(maps[int(i)]), int(sc.concurrency[int(j)])
 
@@ -301,8 +300,9 @@ class Predictor:
         return "no feasible operating point reaches this metric"
 
     def _row_args(self, spec: RowSpec):
-        """(static metric key, traced arguments) of the row: only the metric shapes the program, everything else
-        is data, so rows of one model and scenario kind share one compile (prediction and gradient alike)."""
+        """(static metric key, traced arguments, the row's mappings, its scenario): only the metric shapes the
+        program, everything else is data, so rows of one scenario kind share one compile (prediction and gradient
+        alike)."""
         from serving.kernel_table import pad_kernels
         from serving.serve import stack_mappings
 
@@ -315,11 +315,11 @@ class Predictor:
         kt = pad_kernels(kt, _bucket(kt.num_kernels))
         stacked = stack_mappings(list(maps) + [maps[0]] * (_bucket(len(maps)) - len(maps)))
         return static, (chips, kt, sc, stacked, np.asarray(sc.concurrency, np.float32),
-                        np.float32(spec.interactivity or 0.0))
+                        np.float32(spec.interactivity or 0.0)), maps, sc
 
     def loss_terms(self, spec: RowSpec):
         """(static metric key, traced arguments) for :func:`row_log_error`."""
-        static, args = self._row_args(spec)
+        static, args, _, _ = self._row_args(spec)
         return static, args + (np.float32(math.log(spec.value)),)
 
 
