@@ -7,7 +7,8 @@ it (one-line errors naming the row) and :func:`predict_row` evaluates the servin
 concurrencies the benchmark would have searched and reads the metric the way the benchmark defines it:
 
 - ``max_output_tput_per_chip``: offline (trtllm-bench: all requests queued), best output tokens/s per chip over
-  batch sizes that fit;
+  batch sizes that fit, the power-of-two grid and, per mapping, the largest batch whose KV fits (what the
+  engine admits);
 - ``total_tput_per_chip_at_interactivity``: InferenceX closed loop; per mapping the (interactivity, total tokens/s
   per chip) curve over concurrency, read at the row's interactivity by linear interpolation, best mapping;
 - ``prefill_input_tput_per_chip`` / ``decode_output_tput_per_chip``: disaggregated pools, each pool's best mapping;
@@ -274,8 +275,8 @@ class Predictor:
         if isinstance(params, ParamSet):
             params = params.for_vendor(self.vendor(spec))
         static, args, maps, sc = self._row_args(spec)
-        value, i, j = _predict_row(params, static, *args)  # one program per scenario kind, metric and size bucket
-        return value, mapping_name(maps[int(i)]), int(sc.concurrency[int(j)])
+        value, i, c = _predict_row(params, static, *args)  # one program per scenario kind, metric and size bucket
+        return value, mapping_name(maps[int(i)]), int(c)
 
     def why_not(self, spec: RowSpec, params) -> str:
         """Why the row has no prediction: the most common infeasibility over its mappings and concurrencies, or,
@@ -329,10 +330,28 @@ def _bucket(n: int) -> int:
 
 
 def _metric_of(params, static, chips, kt, sc, maps, conc, target):
+    """(value, mapping index, concurrency used) of the row's metric over its mappings and concurrencies."""
     from serving.serve import evaluate_grid
 
-    out = evaluate_grid(chips, kt, params, sc, maps, conc)
-    return read_metric(static, {k: v[0] for k, v in out.items()}, target)
+    out = {k: v[0] for k, v in evaluate_grid(chips, kt, params, sc, maps, conc).items()}  # [M, C]
+    used = jnp.broadcast_to(conc[None, :], out["infeasible_code"].shape)
+    if static.metric == "max_output_tput_per_chip":
+        # trtllm-bench queues every request and admits as many as its KV cache holds at their full context
+        # (GUARANTEED_NO_EVICT): that batch is rarely a power of two, and where the cache is the limit (long
+        # outputs) the grid point below it under-counts the batch by up to 2x. Each mapping also runs at the
+        # largest batch that fits, capped at the grid's largest.
+        from serving.perf import max_sequences
+        from serving.serve import evaluate_point
+
+        chip = jax.tree_util.tree_map(lambda x: x[0], chips)
+        ctx = jnp.asarray(sc.max_context_tokens, jnp.float32)
+        fill = jnp.clip(jnp.floor(jax.vmap(lambda m: max_sequences(chip, kt, params, m, ctx))(maps) * (1 - 1e-6)),
+                        1.0, conc[-1])  # [M]
+        at_fill = jax.vmap(lambda m, b: evaluate_point(chip, kt, params, sc, m, b))(maps, fill)
+        out = {k: jnp.concatenate([out[k], at_fill[k][:, None]], axis=1) for k in out}
+        used = jnp.concatenate([used, fill[:, None]], axis=1)
+    value, i, j = read_metric(static, out, target)
+    return value, i, used[i, j]
 
 
 def _row_log_error(params, static, chips, kt, sc, maps, conc, target, log_value):

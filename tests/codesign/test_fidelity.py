@@ -262,3 +262,27 @@ def test_unmeasured_family_gives_chips_without_a_set_that_familys_parameters():
     with pytest.raises(ConfigError) as ei:
         ParamSet.from_dict(data | {"unmeasured_family": "intel"})
     assert "serving.unmeasured_family" in str(ei.value) and "'intel'" in str(ei.value)
+
+
+def test_offline_rows_run_at_the_largest_batch_whose_kv_fits(tmp_path):
+    """trtllm-bench admits as many requests as its KV cache holds at their full context: a KV-bound offline row runs
+    at that batch, not at the power of two below it."""
+    import numpy as np
+
+    from serving.serve import evaluate_grid
+
+    predictor = Predictor(CONF_DIR)
+    params = ServingParams.from_dict(load_yaml("serving/default.yaml"))
+    path = write_rows(tmp_path / "rows.csv", [row(0, precision="bf16", osl="8192")])
+    _, specs = read_reference(path, predictor.models, predictor.hardware)
+    value, mapping, batch = predictor.predict(specs[0], params)
+    # Llama 3 8B in BF16 on one 80 GB H100 (models.md, hardware_specs.csv): 16.06 GB of weights; K and V of 32 layers
+    # x 8 heads x 128 x 2 bytes = 128 KiB per token, x (1024 + 8192) tokens of context per request
+    weights = (128256 * 4096 * 2 + 32 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096) + 4096) * 2
+    fits = (0.9 * 80e9 - weights) / (2 * 1024 * 32 * 2 * 9216)
+    assert mapping == "tp1" and batch == int(fits) == 46  # between the grid's 32 and 64
+    arch, chips, kt, sc, _, stacked = predictor.inputs(specs[0])
+    grid = evaluate_grid(chips, kt, params, sc, stacked, np.asarray([32.0, 46.0, 64.0], np.float32))
+    at = np.asarray(grid["output_tok_s_per_chip"])[0, 0]
+    assert np.asarray(grid["infeasible_code"])[0, 0].tolist() == [0, 0, 3]
+    assert float(value) == pytest.approx(float(at[1]), rel=1e-5) and at[1] > at[0]

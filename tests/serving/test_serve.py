@@ -17,7 +17,8 @@ from arch_space.chip import Chip, stack
 from serving.architecture import ModelArchitecture
 from serving.kernel_table import build_kernel_table
 from serving.mappings import enumerate_mappings, mapping_name
-from serving.perf import Mapping, ServingParams, Work, kernel_times, power_capped, step_time
+from serving.perf import Mapping, ServingParams, Work, kernel_times, max_sequences, memory_code, power_capped, \
+    step_time
 from serving.precision import MATH_DTYPES, Precision
 from serving.scenario import Scenario
 from serving.serve import evaluate_grid, evaluate_point, stack_mappings
@@ -108,6 +109,20 @@ def test_memory_infeasibility_is_reported_with_its_reason():
     assert code[0, 0] == 2  # 141 GB of BF16 weights on one 80 GB chip
     assert code[1, 0] == 0 and code[1, 1] == 3  # tp4 holds the weights, not the KV of 4096 sequences
     assert code[2, 0] == 1  # 16 chips exceed the 8-chip domain
+
+
+@pytest.mark.parametrize("tp, ctx", [(1.0, 2048.0), (2.0, 9216.0), (4.0, 33792.0)])
+def test_max_sequences_is_the_kv_capacity_in_closed_form(tp, ctx):
+    kt = table("llama3_8b", "bf16")
+    m = Mapping(tp=tp)
+    # (0.9 x 80 GB - BF16 weights / tp) / (K and V of 32 layers x 1024 values x 2 bytes x ctx / tp (8 KV heads))
+    expected = (0.9 * 80e9 - LLAMA3_8B_PARAMS * 2 / tp) / (2 * KVD * L * 2 * ctx / tp)
+    got = float(max_sequences(chip(), kt, DEFAULT, m, ctx))
+    assert got == pytest.approx(expected, rel=1e-4)
+    # and it is the memory check's boundary: the largest whole batch fits, one more does not
+    n = np.floor(got)
+    assert int(memory_code(chip(), kt, DEFAULT, m, n, ctx)[0]) == 0
+    assert int(memory_code(chip(), kt, DEFAULT, m, n + 1, ctx)[0]) == 3
 
 
 def test_tokens_in_equal_tokens_out_in_every_scenario():
