@@ -29,7 +29,8 @@ import numpy as np
 from arch_space.chip import NUMERIC_FIELDS, Chip
 from arch_space.errors import ConfigError
 from serving.kernel_table import KernelTable
-from serving.perf import Mapping, ServingParams, Work, kernel_times, memory_code, power_capped, step_time
+from serving.perf import Mapping, ServingParams, Work, kernel_times, max_sequences, memory_code, power_capped, \
+    step_time
 from serving.precision import MATH_DTYPES
 from serving.scenario import Scenario
 from serving.serve import METRICS, _lengths, evaluate_point, prefill_terms, step_mix
@@ -123,12 +124,9 @@ def _matched(chip, kt, p, sc, m, target, hi):
 def _memory_limit(chip, kt, p, sc, m, hi):
     """Largest B whose weights + KV at the scenario's longest context fit (memory_code 0); NaN if B = 1 does not."""
     ctx = jnp.asarray(sc.max_context_tokens, jnp.float32)
-
-    def fits(b):
-        return memory_code(chip, kt, p, m, b, ctx)[0] == 0
-
-    one = jnp.float32(1.0)
-    return jnp.where(fits(one), jnp.where(fits(hi), hi, _bisect(fits, one, hi)), jnp.nan)
+    cap = max_sequences(chip, kt, p, m, ctx) * (1.0 - 1e-6)  # closed form; a hair inside against rounding
+    fits_one = memory_code(chip, kt, p, m, jnp.float32(1.0), ctx)[0] == 0
+    return jnp.where(fits_one, jnp.minimum(cap, hi), jnp.nan)
 
 
 _point = jax.jit(evaluate_point)
