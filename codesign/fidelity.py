@@ -345,7 +345,7 @@ def _metric_of(params, static, chips, kt, sc, maps, conc, target):
 
         chip = jax.tree_util.tree_map(lambda x: x[0], chips)
         ctx = jnp.asarray(sc.max_context_tokens, jnp.float32)
-        fill = jnp.clip(jnp.floor(jax.vmap(lambda m: max_sequences(chip, kt, params, m, ctx))(maps) * (1 - 1e-6)),
+        fill = jnp.clip(jnp.floor(jax.vmap(lambda m: max_sequences(chip, kt, params, m, ctx))(maps)),
                         1.0, conc[-1])  # [M]
         at_fill = jax.vmap(lambda m, b: evaluate_point(chip, kt, params, sc, m, b))(maps, fill)
         out = {k: jnp.concatenate([out[k], at_fill[k][:, None]], axis=1) for k in out}

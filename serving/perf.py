@@ -338,11 +338,12 @@ def memory_code(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, seque
 
 def max_sequences(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, max_context):
     """The most sequences at ``max_context`` whose KV fits beside the weights under the mapping (continuous; floor it
-    for a count): memory_code's KV test solved for the sequences, (usable - weights) / KV per sequence per chip.
-    What an engine that reserves each request's full context (TRT-LLM's GUARANTEED_NO_EVICT scheduler, which
-    trtllm-bench runs) can admit at once. Negative when the weights alone do not fit."""
+    for a count): memory_code's KV test solved for the sequences, (usable - weights) / KV per sequence per chip,
+    a relative 1e-6 inside so that memory_code passes at it despite float32 rounding. What an engine that reserves
+    each request's full context (TRT-LLM's GUARANTEED_NO_EVICT scheduler, which trtllm-bench runs) can admit at
+    once. Negative when the weights alone do not fit."""
     weights, per_seq, usable = _memory_terms(chip, kt, p, m, max_context)
-    return (usable - weights) / jnp.maximum(per_seq, 1e-9)
+    return (usable - weights) / jnp.maximum(per_seq, 1e-9) * (1.0 - 1e-6)
 
 
 __all__ = ["ServingParams", "ParamSet", "family_of", "Mapping", "Work", "kernel_times", "step_time", "power_capped", "step_energy", "memory_code",

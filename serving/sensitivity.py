@@ -124,7 +124,7 @@ def _matched(chip, kt, p, sc, m, target, hi):
 def _memory_limit(chip, kt, p, sc, m, hi):
     """Largest B whose weights + KV at the scenario's longest context fit (memory_code 0); NaN if B = 1 does not."""
     ctx = jnp.asarray(sc.max_context_tokens, jnp.float32)
-    cap = max_sequences(chip, kt, p, m, ctx) * (1.0 - 1e-6)  # closed form; a hair inside against rounding
+    cap = max_sequences(chip, kt, p, m, ctx)
     fits_one = memory_code(chip, kt, p, m, jnp.float32(1.0), ctx)[0] == 0
     return jnp.where(fits_one, jnp.minimum(cap, hi), jnp.nan)
 

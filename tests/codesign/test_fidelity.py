@@ -281,7 +281,7 @@ def test_offline_rows_run_at_the_largest_batch_whose_kv_fits(tmp_path):
     weights = (128256 * 4096 * 2 + 32 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096) + 4096) * 2
     fits = (0.9 * 80e9 - weights) / (2 * 1024 * 32 * 2 * 9216)
     assert mapping == "tp1" and batch == int(fits) == 46  # between the grid's 32 and 64
-    arch, chips, kt, sc, _, stacked = predictor.inputs(specs[0])
+    _, chips, kt, sc, _, stacked = predictor.inputs(specs[0])
     grid = evaluate_grid(chips, kt, params, sc, stacked, np.asarray([32.0, 46.0, 64.0], np.float32))
     at = np.asarray(grid["output_tok_s_per_chip"])[0, 0]
     assert np.asarray(grid["infeasible_code"])[0, 0].tolist() == [0, 0, 3]
