@@ -7,9 +7,11 @@ tokens), so :func:`build_kernel_table` traces a few full-size steps of the real 
 coefficients per kernel:
 
     decode  q(B, C) = q_B x B + q_BC x B x C        from traces at (B, C) = (1, C0), (2, C0), (1, 2 C0)
-    prefill q(T)    = q_T x T + q_TT x T^2          from traces at T = T0, 2 T0, 4 T0 (the 4 T0 one checks the fit)
+    prefill q(T)    = q_R + q_T x T + q_TT x T^2    from traces of one request at T = T0, 2 T0, 4 T0
 
-for matmul FLOPs by math dtype, KV bytes read and written and activation bytes. Weight bytes are constant per step
+for matmul FLOPs by math dtype, KV bytes read and written and activation bytes. The per-request term q_R is the
+lm_head of a prompt, which serving engines run on its last position only (the models' ``prefill`` does the same).
+Weight bytes are constant per step
 (routed experts scale at evaluation with the expected experts touched). The model code computes attention over the
 whole masked cache; real kernels skip masked blocks, so the evaluator caps sliding-window and chunked layers at
 their window (``ctx_cap``) and halves the causal T^2 term (FlashAttention-2's causal block skipping, Dao 2023).
@@ -44,6 +46,7 @@ class KernelTable:
     layer: np.ndarray  # -1 outside the layer stack
     d_flops_b: np.ndarray  # decode matmul FLOPs per token, by dtype
     d_flops_bc: np.ndarray  # ... per token per context position
+    p_flops_r: np.ndarray  # prefill matmul FLOPs per prefilled request (the lm_head on its last position)
     p_flops_t: np.ndarray  # prefill matmul FLOPs per token
     p_flops_tt: np.ndarray  # ... per token^2 (full masked square as traced)
     weight_bytes: np.ndarray  # non-routed weight bytes read per step
@@ -51,6 +54,7 @@ class KernelTable:
     d_kv_read_bc: np.ndarray  # KV bytes read per token per context position
     kv_write_b: np.ndarray  # KV bytes written per new token
     d_act_b: np.ndarray  # activation bytes in + out per token (decode)
+    p_act_r: np.ndarray  # ... per prefilled request
     p_act_t: np.ndarray  # ... per prefill token
     ctx_cap: np.ndarray  # window / chunk of sliding or chunked attention, else a large number
     tp_allreduce: np.ndarray  # 1.0 where a TP all-reduce follows the kernel
@@ -125,15 +129,15 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
     ref = ParallelMapping(tp=2, ep=2 if arch.num_experts else 1)  # to learn where collectives sit
     dec = {(b, c): trace_step(model, arch, "decode", b, 1, c, precision, mapping=ref)
            for b, c in ((1, DECODE_C0), (2, DECODE_C0), (1, 2 * DECODE_C0))}
-    pre = {t: trace_step(model, arch, "prefill", 1, t, t, precision) for t in (PREFILL_T0, 2 * PREFILL_T0)}
+    t_pre = (PREFILL_T0, 2 * PREFILL_T0, 4 * PREFILL_T0)
+    pre = {t: trace_step(model, arch, "prefill", 1, t, t, precision) for t in t_pre}
     names = _aligned(*dec.values(), *pre.values())
     g11, g21, g12 = dec[(1, DECODE_C0)], dec[(2, DECODE_C0)], dec[(1, 2 * DECODE_C0)]
-    p1, p2 = pre[PREFILL_T0], pre[2 * PREFILL_T0]
-    t1, t2 = float(PREFILL_T0), float(2 * PREFILL_T0)
+    vander = np.asarray([[1.0, t, float(t) * t] for t in t_pre])
     rows = []
-    cols_k = [_by_name(g, names) for g in (g11, g21, g12, p1, p2)]
+    cols_k = [_by_name(g, names) for g in (g11, g21, g12, *(pre[t] for t in t_pre))]
     for i, name in enumerate(names):
-        a, b, c, q1, q2 = (col[i] for col in cols_k)
+        a, b, c, q1, q2, q4 = (col[i] for col in cols_k)
         if a.kind == "other" and a.layer is None:  # a prefill-only kernel: take its identity from the prefill
             a = dataclasses.replace(q1, weight_bytes=q1.weight_bytes, comm=[])
 
@@ -144,26 +148,25 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
             return qb, slope_c
 
         def prefill_fit(get):
-            # q(T) = qt T + qtt T^2 through the two traces
-            y1, y2 = get(q1), get(q2)
-            qtt = (y2 / t2 - y1 / t1) / (t2 - t1)
-            return y1 / t1 - qtt * t1, qtt
+            # q(T) = qr + qt T + qtt T^2 through the three traces (exact: three points, three unknowns)
+            return np.linalg.solve(vander, np.stack([np.asarray(get(q), np.float64) for q in (q1, q2, q4)]))
 
         fb, fbc = decode_fit(_flops_vec)
-        pt, ptt = prefill_fit(_flops_vec)
+        pr, pt, ptt = prefill_fit(_flops_vec)
         _, kv_bc = decode_fit(lambda k: k.kv_read_bytes)
         kv_w, _ = decode_fit(lambda k: k.kv_write_bytes)
         act_b, _ = decode_fit(lambda k: k.activation_in_bytes + k.activation_out_bytes)
-        act_t, _ = prefill_fit(lambda k: k.activation_in_bytes + k.activation_out_bytes)
+        act_r, act_t, _ = prefill_fit(lambda k: k.activation_in_bytes + k.activation_out_bytes)
         op = name.rsplit("/", 1)[-1]
         routed = a.weight_bytes_by_class.get("routed_experts", 0.0)
         group = GROUP_EXPERTS if a.kind == "moe_experts" else GROUP_FFN if op in _FFN_OPS else GROUP_ATTENTION
         rows.append(dict(
             kind=_KIND.get(a.kind, KIND_VECTOR), group=group, layer=-1 if a.layer is None else a.layer,
-            d_flops_b=np.maximum(fb, 0), d_flops_bc=np.maximum(fbc, 0), p_flops_t=np.maximum(pt, 0),
+            d_flops_b=np.maximum(fb, 0), d_flops_bc=np.maximum(fbc, 0), p_flops_r=_clean(pr, pt * PREFILL_T0),
+            p_flops_t=np.maximum(pt, 0),
             p_flops_tt=np.maximum(ptt, 0), weight_bytes=a.weight_bytes - routed, expert_weight_bytes=routed,
             d_kv_read_bc=max(kv_bc, 0.0), kv_write_b=max(kv_w, 0.0), d_act_b=max(act_b, 0.0),
-            p_act_t=max(act_t, 0.0), ctx_cap=_kv_cap(arch, a.layer) if a.kind == "attention" else 1e12,
+            p_act_r=float(_clean(act_r, act_t * PREFILL_T0)), p_act_t=max(act_t, 0.0), ctx_cap=_kv_cap(arch, a.layer) if a.kind == "attention" else 1e12,
             tp_allreduce=float(any(x.op == "all_reduce" for x in a.comm)),
             ep_alltoall=float(any(x.op == "all_to_all" for x in a.comm)),
             # DeepSeek's MTP module is one more decoder layer (+ eh_proj) sharing the lm_head: its cost is that
@@ -180,6 +183,13 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
         num_experts=float(max(arch.num_experts, 1)), experts_per_token=float(arch.experts_per_token),
         kv_split_limit=float(arch.num_kv_heads if arch.family == "gqa" else 1),
         weight_bytes_total=float(resident), activation_bytes=precision.activation_bytes, names=names)
+
+
+def _clean(per_request, per_token_at_t0):
+    """The per-request coefficient with solver round-off removed: zero unless it exceeds 1e-6 of what the per-token
+    term adds at T0 (a kernel that is truly per token leaves ~1e-12 relative residue in the 3x3 solve)."""
+    r = np.asarray(per_request, np.float64)
+    return np.where(r > 1e-6 * np.abs(np.asarray(per_token_at_t0)), r, 0.0)
 
 
 def _merge(rows: list[dict], names: tuple) -> tuple[list[dict], tuple]:

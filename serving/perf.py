@@ -227,14 +227,18 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     pairs = causal_pairs(w.prefill_len, kt.ctx_cap)  # [K]
     # matmul FLOPs by dtype [K, D] for the whole step, then per chip
     flops = (kt.d_flops_b * q_tokens + kt.d_flops_bc * (q_tokens * ctx)[:, None]
-             + kt.p_flops_t * pre_tokens + kt.p_flops_tt * (w.prefill_requests * pairs)[:, None])
+             + kt.p_flops_r * w.prefill_requests + kt.p_flops_t * pre_tokens
+             + kt.p_flops_tt * (w.prefill_requests * pairs)[:, None])
     touched = expected_experts(kt.num_experts, kt.experts_per_token, tokens)
     is_exp = kt.group == GROUP_EXPERTS
     imbalance = jnp.where(is_exp, ep_imbalance(tokens, kt.experts_per_token, m.ep), 1.0)
     flops_chip = flops * (imbalance / n_stage)[:, None]
     native_fp4 = jnp.where(chip.fp4_flops_per_s > 0, p.fp4_efficiency, 1.0)
     rates = jnp.stack([chip.math_rate(dt) * (native_fp4 if dt == "fp4" else 1.0) for dt in MATH_DTYPES]) * clock
-    rows = jnp.where(is_exp, tokens * kt.experts_per_token / jnp.maximum(touched, 1e-9), tokens / m.dp)
+    # GEMM rows: the step's tokens, except that a per-request kernel (the lm_head) sees one row per prefill
+    per_request = (jnp.sum(kt.p_flops_r, axis=1) > 0) & (jnp.sum(kt.p_flops_t + kt.p_flops_tt, axis=1) == 0)
+    gemm_rows = q_tokens + jnp.where(per_request, w.prefill_requests, pre_tokens)
+    rows = jnp.where(is_exp, tokens * kt.experts_per_token / jnp.maximum(touched, 1e-9), gemm_rows / m.dp)
     e_max = jnp.where(kt.kind == KIND_MOE, p.moe_efficiency_max,
                       jnp.where(kt.kind == KIND_ATTENTION, p.attention_efficiency_max, p.gemm_efficiency_max))
     half = jnp.where(kt.kind == KIND_MOE, p.moe_rows_half,
@@ -245,7 +249,7 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     kv_split = m.dp * jnp.minimum(m.tp, kt.kv_split_limit)
     weights = jnp.where(is_exp, touched / kt.num_experts * kt.expert_weight_bytes / n_stage, kt.weight_bytes / m.tp)
     kv = (kt.d_kv_read_bc * w.decode_tokens * ctx + kt.kv_write_b * tokens) / kv_split
-    act = (kt.d_act_b * q_tokens + kt.p_act_t * pre_tokens) / n_stage
+    act = (kt.d_act_b * q_tokens + kt.p_act_r * w.prefill_requests + kt.p_act_t * pre_tokens) / n_stage
     resident = weights + kv
     total_resident = jnp.sum(resident * kt.count)
     # explicit placement pins a pro-rata share of the resident bytes; a cache serves them only when they all fit

@@ -21,7 +21,8 @@ A model object exposes:
     init(key, dtype) -> params                     random weights (small configs; use jax.eval_shape at full size)
     init_cache(batch, max_len, dtype) -> cache     contiguous KV cache (MLA caches the 576-wide latent)
     forward(params, tokens[B, T]) -> logits[B, T, V]             full causal pass, no cache
-    prefill(params, tokens[B, T], cache) -> (logits, cache)      fills cache positions [0, T)
+    prefill(params, tokens[B, T], cache) -> (logits[B, 1, V], cache)   fills cache positions [0, T); logits of
+                                                   the last position (all_logits=True: [B, T, V])
     decode(params, tokens[B, 1], cache) -> (logits[B, 1, V], cache)   one step at the cache's current length
 """
 

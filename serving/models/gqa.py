@@ -228,10 +228,11 @@ class GQATransformer:
         with jax.named_scope("embed"):
             return jnp.take(params["embed"], tokens, axis=0)
 
-    def _head(self, params, x):
+    def _head(self, params, x, last_only=False):
         with jax.named_scope("final_norm"):
             x = rms_norm(x, params["final_norm"], self.arch.norm_eps)
         with jax.named_scope("lm_head"):
+            x = x[:, -1:] if last_only else x
             w = params["lm_head"] if "lm_head" in params else params["embed"].T
             return jnp.dot(x, w, preferred_element_type=jnp.float32)
 
@@ -244,16 +245,20 @@ class GQATransformer:
             x, _ = self._layer(i, lp, x, positions)
         return self._head(params, x)
 
-    def prefill(self, params, tokens, cache):
+    def prefill(self, params, tokens, cache, *, all_logits=False):
         """Process ``tokens [B, T]`` into an empty cache: attention over the prompt itself, K/V written to cache
-        positions ``[0, T)``, length set to T. Returns (logits [B, T, V], cache)."""
+        positions ``[0, T)``, length set to T. Returns (logits [B, 1, V] of the last position, cache): a serving
+        engine samples the first output token from those alone and runs the lm_head on nothing else (vLLM's
+        ``logits_indices``, TRT-LLM's ``gather_context_logits`` off by default, SGLang without prompt logprobs).
+        ``all_logits``: logits [B, T, V] of every position (prompt log-probabilities)."""
         x = self._embed(params, tokens)
         positions = jnp.arange(tokens.shape[1])
         layers = []
         for i, lp in enumerate(params["layers"]):
             x, c = self._layer(i, lp, x, positions, cache["layers"][i], 0, fresh=True)
             layers.append(c)
-        return self._head(params, x), {"layers": layers, "length": jnp.asarray(tokens.shape[1], jnp.int32)}
+        return (self._head(params, x, last_only=not all_logits),
+                {"layers": layers, "length": jnp.asarray(tokens.shape[1], jnp.int32)})
 
     def decode(self, params, tokens, cache):
         """One step (or a few tokens, ``tokens [B, T']``) at the cache's current length: K/V appended, attention

@@ -310,12 +310,13 @@ class MLATransformer:
         with jax.named_scope("embed"):
             return params["embed"][tokens]
 
-    def _head(self, params, x, norm, scope=""):
+    def _head(self, params, x, norm, scope="", last_only=False):
+        """(logits, normed hidden states of every position); ``last_only``: logits of the last position only."""
         with jax.named_scope(f"{scope}final_norm"):
             hidden = rms_norm(x, norm, self.arch.norm_eps)
         with jax.named_scope(f"{scope}lm_head"):
             w = params["embed"].T if self.arch.tie_word_embeddings else params["lm_head"]
-            logits = jnp.dot(hidden, w, preferred_element_type=jnp.float32)
+            logits = jnp.dot(hidden[:, -1:] if last_only else hidden, w, preferred_element_type=jnp.float32)
         return logits, hidden
 
     def _trunk(self, params, x, positions, cache, start, absorbed):
@@ -346,14 +347,18 @@ class MLATransformer:
         logits, hidden = self._head(params, x, params["final_norm"])
         return (logits, hidden) if return_hidden else logits
 
-    def prefill(self, params, tokens, cache, *, input_embeds=None, absorbed=False, return_hidden=False):
+    def prefill(self, params, tokens, cache, *, input_embeds=None, absorbed=False, return_hidden=False,
+                all_logits=False):
         """Run positions ``[0, T)`` (attention over the T fresh keys), write them into the cache, set its length
-        to T. Returns ``(logits, cache)`` or ``(logits, cache, hidden)``."""
+        to T. Returns ``(logits, cache)`` or ``(logits, cache, hidden)``: logits ``[B, 1, V]`` of the last position
+        (all a serving engine computes for a prompt: vLLM's ``logits_indices``, TRT-LLM without
+        ``gather_context_logits``, SGLang without prompt logprobs), or ``[B, T, V]`` of every position with
+        ``all_logits``; ``hidden`` covers every position (the MTP draft layer consumes all of them)."""
         x = self._inputs(params, tokens, input_embeds)
         T = x.shape[1]
         positions = jnp.arange(T, dtype=jnp.int32)
         x, layers = self._trunk(params, x, positions, cache, None, absorbed)
-        logits, hidden = self._head(params, x, params["final_norm"])
+        logits, hidden = self._head(params, x, params["final_norm"], last_only=not all_logits)
         cache = {"layers": layers, "length": jnp.asarray(T, jnp.int32)}
         return (logits, cache, hidden) if return_hidden else (logits, cache)
 

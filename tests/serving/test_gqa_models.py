@@ -385,9 +385,13 @@ def test_decode_after_prefill_equals_forward(kind):
     model, params, tokens, logits, _ = setup(kind)
     prefill, decode = jax.jit(model.prefill), jax.jit(model.decode)
     tol = dict(rtol=1e-5, atol=1e-5 * np.abs(logits).max())
-    # prefill T-1 tokens, decode the last
+    # prefill T-1 tokens, decode the last; the serving prefill returns the last position's logits only
+    every, _ = jax.jit(functools.partial(model.prefill, all_logits=True))(
+        params, tokens[:, :-1], model.init_cache(B, 16, jnp.float32))
+    np.testing.assert_allclose(every, logits[:, :-1], **tol)
     out, cache = prefill(params, tokens[:, :-1], model.init_cache(B, 16, jnp.float32))
-    np.testing.assert_allclose(out, logits[:, :-1], **tol)
+    assert out.shape == (B, 1, logits.shape[-1])
+    np.testing.assert_allclose(out, logits[:, T - 2:T - 1], **tol)
     step, cache = decode(params, tokens[:, -1:], cache)
     np.testing.assert_allclose(step[:, 0], logits[:, -1], **tol)
     assert int(cache["length"]) == T

@@ -396,9 +396,13 @@ def test_full_size_prefill_graph():
     tot = g.totals()
     assert tot["kv_write_bytes"] == b * t * arch.kv_cache_elements_per_token_per_layer * arch.num_layers * 1.0
     assert tot["kv_read_bytes"] == 0  # prefill attends over the fresh keys
-    # every token through every weight (lm_head over all T positions) plus causal-free attention over T keys
+    # every token through every weight but the lm_head, which runs on each prompt's last position only (what a
+    # serving engine samples from), plus causal-free attention over T keys
     per_layer_attn = 2 * 2 * arch.num_attention_heads * arch.head_dim * t * t * b
-    assert tot["matmul_flops"] == pytest.approx(2 * arch.active_params_per_token * b * t
+    head = arch.hidden_size * arch.vocab_size
+    assert tot["matmul_flops"] == pytest.approx(2 * (arch.active_params_per_token - head) * b * t + 2 * head * b
                                                 + arch.num_layers * per_layer_attn, rel=0.01)
+    lm = [k for k in g.kernels if k.name == "lm_head"]
+    assert len(lm) == 1 and lm[0].matmul_flops == 2 * head * b
     assert set(tot["matmul_flops_by_dtype"]) == {"fp8", "bf16"}  # lm_head in the embeddings recipe
     assert tot["comm_bytes"] == 2 * arch.num_layers * b * t * arch.hidden_size * 2.0

@@ -364,7 +364,10 @@ def test_decode_after_prefill_matches_forward(name):
     t = get(name)
     full_logits = t.run()[0]
     logits, cache, _ = t.prefill(t.params, t.tokens[:, :P], t.model.init_cache(2, L), False)
-    close(logits, full_logits[:, :P])
+    close(logits, full_logits[:, P - 1:P])  # serving prefill: the last position's logits only
+    every, _ = jax.jit(lambda p, x, c: t.model.prefill(p, x, c, all_logits=True))(
+        t.params, t.tokens[:, :P], t.model.init_cache(2, L))
+    close(every, full_logits[:, :P])
     assert int(cache["length"]) == P
     assert cache["layers"][0]["latent"].shape == (2, L, t.arch.kv_lora_rank)
     assert cache["layers"][0]["k_rope"].shape == (2, L, t.arch.qk_rope_head_dim)
@@ -471,7 +474,7 @@ def test_vision_tower_and_splicing():
     # prefill accepts the same override (traced abstractly: same code path as forward)
     out = jax.eval_shape(lambda p, x, c: model.prefill(p, None, c, input_embeds=x), params, embeds,
                          model.init_cache(2, L))
-    assert out[0].shape == (2, T, t.arch.vocab_size)
+    assert out[0].shape == (2, 1, t.arch.vocab_size)  # the last position's logits (serving prefill)
 
 
 def _primitives(jaxpr, out=None):
