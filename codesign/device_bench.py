@@ -1,0 +1,379 @@
+"""The local JAX device as a chip: what it is, how fast it multiplies and streams, and the serving parameters that
+follow (``python -m codesign.execute`` builds its prediction on these).
+
+The chip is the device itself, described from micro-benchmarks run in the same process (:func:`device_chip`):
+
+- ``bf16_flops_per_s``: the achieved rate of a large square matmul in the *execution* dtype (float32 on CPUs, filed
+  under the bf16 slot because serving.precision has no fp32 math dtype: the fp32 recipe computes its matmuls "in
+  bf16", i.e. at this rate). fp8 / int8 / fp4 are unset, so every math dtype falls back to it;
+- ``hbm_bandwidth_bytes_per_s``: the achieved rate of a weight-streaming GEMV ``x[1, K] @ W[K, N]`` over
+  ``bench.stream_bytes`` of weights, decode's weight-GEMM access pattern (a plain reduction ``sum(W)`` streams
+  differently and is reported for reference only);
+- SRAM: the last-level cache (CPU: the size sysfs reports; accelerators: an assumed 50 MiB) at the bandwidth of
+  the same GEMV over a quarter of it, as a *cache* (``sram_explicit_fraction`` 0: it serves a step only when all of
+  the step's weights and KV fit, and adds no capacity);
+- HBM capacity: the device's memory (CPU: MemTotal; accelerators: the allocator's limit);
+- one chip in its "scale-up domain"; link, power and energy figures are documented placeholders (``kind: assumed``):
+  they enter power and energy, never ``step_time`` at ``Mapping()``.
+
+Serving parameters: ``conf/serving/default.yaml`` (the ``serving`` group) is loaded; ``params`` says which of its
+values the micro-benchmarks replace (every mode's prediction is in the JSON, the other modes' ratios under the
+table):
+
+- ``config``: none, the serving config as is;
+- ``rates``: the efficiency maxima (``gemm_`` / ``attention_`` / ``moe_efficiency_max``, ``memory_efficiency_max``)
+  become 1, because the chip's math rate and bandwidth are *achieved* rates (a large matmul reaches e_max by
+  definition, the GEMV stream the achievable bandwidth): the config's 0.6-0.85 on top would count the inefficiency
+  twice. ``kernel_overhead_s`` becomes the measured cost of one more small kernel inside a jitted program and
+  ``step_overhead_s`` the measured dispatch of a jitted call (the config's 4 us / 0.2 ms are GPU serving-engine
+  figures with sampling and scheduling, which this harness does not run);
+- ``run``: ``rates``, and the GEMM efficiency curve ``e_max x rows / (rows + rows_half)`` (also used for the
+  grouped MoE GEMMs, which run the same dots) fitted to a GEMM row sweep ``x[M, 4096] @ W[4096, N]`` (W half of
+  ``bench.stream_bytes``) over M = 1, 2, 4, ... up to the run's largest row count (:func:`fit_gemm_curve`: least
+  squares of log time of the serving model's own kernel time);
+- ``phase`` (default): as ``run``, with one curve for the decode steps (fitted to M = 1 .. 2 x the largest batch)
+  and one for the prefill (M = T/4 .. T). XLA:CPU needs this: a 1-row product runs as a bandwidth-bound GEMV,
+  products of 2-32 rows take a slow small-GEMM path (their time grows like M^0.6, not linearly) and from ~64 rows
+  the blocked GEMM approaches the square-matmul rate, which no single curve of the serving model's form follows
+  (the ``run`` fit's residuals and ratios show by how much). The fits use synthetic matrices, never the model's.
+
+The attention curve (``attention_rows_half``) and the memory ramp (``memory_bytes_half``) stay as configured in
+every mode: they are the serving model's claims under test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform as _platform
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def device_info() -> dict:
+    """Platform, kind, cores, memory and last-level cache of the default JAX device."""
+    import jax
+
+    dev = jax.devices()[0]
+    info = {"platform": dev.platform, "device_kind": dev.device_kind, "devices": jax.device_count(),
+            "jax": jax.__version__}
+    if dev.platform == "cpu":
+        info["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        info["processor"] = _cpu_model() or _platform.processor() or "unknown CPU"
+        mem = _meminfo()
+        info["memory_bytes"] = mem.get("MemTotal", 0.0)
+        info["free_memory_bytes"] = mem.get("MemAvailable", mem.get("MemTotal", 0.0))
+        info["cache_bytes"], info["cache_source"] = _llc_bytes()
+    else:
+        stats = {}
+        try:
+            stats = dev.memory_stats() or {}
+        except Exception:  # noqa: BLE001 - a backend without memory statistics
+            pass
+        limit = float(stats.get("bytes_limit", 0.0))
+        info["memory_bytes"] = limit
+        info["free_memory_bytes"] = limit - float(stats.get("bytes_in_use", 0.0))
+        info["cache_bytes"], info["cache_source"] = 50.0 * 2 ** 20, "assumed: 50 MiB (an H100/H200-class L2)"
+        info["processor"] = dev.device_kind
+    return info
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _meminfo() -> dict:
+    out = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            key, rest = line.split(":", 1)
+            out[key] = float(rest.split()[0]) * 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def _llc_bytes() -> tuple[float, str]:
+    best = (0, 0.0)
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for idx in base.glob("index*"):
+            level = int((idx / "level").read_text())
+            kind = (idx / "type").read_text().strip()
+            size = (idx / "size").read_text().strip()
+            mult = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(size[-1], 1)
+            value = float(size.rstrip("KMG")) * mult
+            if kind in ("Unified", "Data") and (level, value) > best:
+                best = (level, value)
+    except (OSError, ValueError):
+        pass
+    if best[1] > 0:
+        return best[1], f"sysfs: L{best[0]} cache of cpu0, {best[1] / 2 ** 20:.0f} MiB"
+    return 32.0 * 2 ** 20, "assumed: 32 MiB last-level cache (sysfs reported none)"
+
+
+def wall_samples(fn, args, repeats: int, warmup: int = 1, fresh=None) -> np.ndarray:
+    """Wall times of ``repeats`` runs of ``fn(*args)`` (each blocked until ready), after one compiling run and
+    ``warmup`` more. ``fresh(args) -> args`` prepares each run's arguments outside the timed region (donated
+    buffers)."""
+    import jax
+
+    def once():
+        a = fresh(args) if fresh else args
+        if fresh:
+            jax.block_until_ready(a)
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*a))
+        return time.perf_counter() - t0
+
+    once()
+    for _ in range(warmup):
+        once()
+    return np.asarray([once() for _ in range(repeats)])
+
+
+STATS = ("median", "min")
+
+
+def statistic(samples, stat: str) -> float:
+    return float(np.median(samples) if stat == "median" else np.min(samples))
+
+
+def timed(fn, args, repeats: int, warmup: int = 1, fresh=None, stat: str = "median") -> float:
+    return statistic(wall_samples(fn, args, repeats, warmup, fresh), stat)
+
+
+def _interleaved(calls, repeats: int, warmup: int = 1, stat: str = "median") -> list[float]:
+    """Times of several ``(fn, args)`` measured in rounds (each compiled and warmed first, then one run of each
+    per round): a slow spell of a shared machine then lands on every call alike instead of on whichever call
+    happened to run during it, which matters when the calls are compared with one another (the GEMM row sweep
+    against the streaming bandwidth)."""
+    import jax
+
+    for fn, args in calls:
+        for _ in range(1 + warmup):
+            jax.block_until_ready(fn(*args))
+    samples = [[] for _ in calls]
+    for _ in range(repeats):
+        for i, (fn, args) in enumerate(calls):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            samples[i].append(time.perf_counter() - t0)
+    return [statistic(np.asarray(x), stat) for x in samples]
+
+
+def sweep_rows(batches, prefill_tokens) -> list[int]:
+    """Row counts of the GEMM sweep: powers of two up to the largest of the run, and the run's own counts."""
+    top = max(max(batches), prefill_tokens)
+    rows = {1 << i for i in range(int(np.log2(top)) + 1)} | set(batches) | {prefill_tokens}
+    return sorted(rows)
+
+
+def microbenchmarks(dtype_name: str, info: dict, bench: dict, rows=(1,), experts: bool = False) -> dict:
+    """The device in the execution dtype: achieved square-matmul FLOP/s, GEMV weight-streaming bandwidth (and a
+    reduction's, for reference), in-cache GEMV bandwidth, dispatch of a jitted call, the cost of one more small
+    kernel inside a jitted program, a GEMM row sweep ``x[M, K] @ W[K, N]`` over ``rows`` and, with ``experts``,
+    the streaming rate of GEMVs on dynamically indexed slices of a stacked weight (what the grouped MoE kernel
+    does; reported, not used by the prediction)."""
+    import jax
+    import jax.numpy as jnp
+
+    dtype = jnp.dtype(dtype_name)
+    item = dtype.itemsize
+    cpu = info["platform"] == "cpu"
+    reps, st = bench["repeats"], bench.get("stat", "median")
+    out = {}
+    n = bench["matmul_size"] or (2048 if cpu else 8192)
+    a = jnp.full((n, n), 0.5, dtype)
+    b = jnp.full((n, n), 0.25, dtype)
+    mm = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(dtype))
+    out["matmul_flops_per_s"] = 2.0 * n ** 3 / timed(mm, (a, b), reps, stat=st)
+    out["matmul_shape"] = f"{n}x{n} @ {n}x{n} {dtype_name}"
+    del a, b
+    gemv = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32))
+    k = 8192
+    stream = bench["stream_bytes"] or (2 ** 30 if cpu else 2 ** 32)
+    cols = max(stream // (k * item), 8)
+    w_stream = jnp.full((k, cols), 0.5, dtype)
+    x = jnp.full((1, k), 0.5, dtype)
+    out["stream_shape"] = f"1x{k} @ {k}x{cols} {dtype_name}"
+    red = jax.jit(lambda w: jnp.sum(w, dtype=jnp.float32))
+    out["reduce_bytes_per_s"] = w_stream.nbytes / timed(red, (w_stream,), reps, stat=st)
+    small_cols = max(int(info["cache_bytes"] / 4) // (k * item), 8)
+    w = jnp.full((k, small_cols), 0.5, dtype)
+    out["cache_bytes_per_s"] = w.nbytes / timed(gemv, (x, w), max(reps, 10), stat=st)
+    out["cache_shape"] = f"1x{k} @ {k}x{small_cols} {dtype_name} ({w.nbytes / 2 ** 20:.0f} MiB)"
+    del w
+    one = jnp.ones((), jnp.float32)
+    # overheads: the minimum of many runs (microseconds, where the median of a shared machine is mostly noise)
+    out["dispatch_s"] = float(wall_samples(jax.jit(lambda v: v + 1.0), (one,), 100, warmup=10).min())
+
+    def chain(length):
+        def f(x, m):
+            for _ in range(length):
+                x = jnp.dot(x, m)
+            return x
+        return jax.jit(f)
+
+    xs, ms = jnp.full((16, 16), 0.01, dtype), jnp.full((16, 16), 0.01, dtype)
+    t1 = wall_samples(chain(1), (xs, ms), 100, warmup=10).min()
+    t257 = wall_samples(chain(257), (xs, ms), 100, warmup=10).min()
+    out["kernel_overhead_s"] = float(max((t257 - t1) / 256.0, 0.0))
+    # GEMM row sweep over a weight of half the streaming benchmark's bytes (beyond the caches, as the model's are),
+    # interleaved with the streaming GEMV: the decode fit splits each point's time into memory (at the streaming
+    # rate) and compute, so both must see the machine in the same state
+    kk = 4096
+    nn = max(stream // 2 // (kk * item), 8)
+    w = jnp.full((kk, nn), 0.5, dtype)
+    calls = [(gemv, (x, w_stream))] + [(gemv, (jnp.full((int(m), kk), 0.5, dtype), w)) for m in rows]
+    times = _interleaved(calls, max(reps, 5), stat=st)
+    out["stream_bytes_per_s"] = w_stream.nbytes / times[0]
+    out["gemm_sweep"] = {"k": kk, "n": nn, "dtype": dtype_name, "rows": [int(m) for m in rows],
+                         "seconds": times[1:]}
+    del w, w_stream, calls
+    if experts:  # 8 of 16 stacked [4096, n] matrices, picked by traced indices inside one jitted loop
+        ne = max(stream // 2 // (16 * kk * item), 8)
+        stack = jnp.full((16, kk, ne), 0.5, dtype)
+        ids = jnp.arange(0, 16, 2, dtype=jnp.int32)
+        xe = jnp.full((1, kk), 0.5, dtype)
+
+        def picked(x, w, ids):
+            def body(i, acc):
+                we = jax.lax.dynamic_index_in_dim(w, ids[i], 0, keepdims=False)
+                return acc + jnp.dot(x, we, preferred_element_type=jnp.float32)
+            return jax.lax.fori_loop(0, 8, body, jnp.zeros((1, w.shape[2]), jnp.float32))
+
+        t = timed(jax.jit(picked), (xe, stack, ids), reps, stat=st)
+        out["expert_slice_bytes_per_s"] = 8 * kk * ne * item / t
+        out["expert_slice_shape"] = f"1x{kk} @ [16, {kk}, {ne}][e] {dtype_name}, 8 experts"
+        del stack
+    return out
+
+
+def fit_gemm_curve(mb: dict, base, lo: float = 0, hi: float = float("inf")) -> dict:
+    """Fit the serving model's GEMM efficiency curve e_max x rows / (rows + rows_half) to the row sweep's points
+    with ``lo <= rows <= hi``: the kernel time ``max(FLOPs / (rate x eff), bytes / bandwidth x (1 +
+    memory_bytes_half / bytes)) + kernel_overhead`` (serving.perf.kernel_times with the device chip, memory
+    efficiency 1), least squares of log time, e_max in (0, 1], rows_half >= 0. Returns the fit and its
+    predicted / measured time per row count."""
+    sw = mb["gemm_sweep"]
+    k, n = sw["k"], sw["n"]
+    item = 4 if sw["dtype"] == "float32" else 2
+    keep = [i for i, r in enumerate(sw["rows"]) if lo <= r <= hi]
+    rows = np.asarray([sw["rows"][i] for i in keep], np.float64)
+    meas = np.asarray([sw["seconds"][i] for i in keep], np.float64)
+    rate, bw = mb["matmul_flops_per_s"], mb["stream_bytes_per_s"]
+    nbytes = (k * n + rows * (k + n)) * item
+    t_mem = nbytes / bw * (1.0 + base.memory_bytes_half / nbytes)
+    e = np.linspace(0.02, 1.0, 50)[:, None, None]
+    h = np.concatenate([[0.0], np.logspace(-1, 3.5, 360)])[None, :, None]
+    t_cmp = 2.0 * rows * k * n / rate / e * (1.0 + h / rows)
+    model = np.maximum(t_cmp, t_mem) + mb["kernel_overhead_s"]
+    err = np.sum(np.log(model / meas) ** 2, axis=-1)
+    i, j = np.unravel_index(np.argmin(err), err.shape)
+    best = model[i, j]
+    return {"gemm_efficiency_max": float(e[i, 0, 0]), "gemm_rows_half": float(h[0, j, 0]),
+            "predicted_over_measured": [float(v) for v in best / meas], "rows": [int(r) for r in rows]}
+
+
+def phase_rows(batches, prefill_tokens) -> dict:
+    """The sweep's row range of each fit: decode (1 .. twice the largest batch, at least 4), prefill (a quarter of
+    the prefill tokens .. the prefill tokens), run (everything)."""
+    return {"decode": (1, max(2 * max(batches), 4)), "prefill": (prefill_tokens / 4, prefill_tokens),
+            "run": (0, float("inf"))}
+
+
+def device_chip(info: dict, mb: dict, dtype_name: str):
+    """The local device as an :class:`arch_space.chip.Chip` (every field present; provenance per figure)."""
+    from arch_space.chip import Chip
+
+    cpu = info["platform"] == "cpu"
+    cores = info.get("cores", 1)
+    measured = lambda what: {"kind": "measured", "source": f"codesign.execute micro-benchmark: {what}"}  # noqa
+    assumed = lambda why: {"kind": "assumed",  # noqa: E731
+                           "source": f"assumed ({why}); power and energy do not enter the step time"}
+    if cpu:
+        power, idle = 8.0 * cores, 2.0 * cores
+        p_src = f"8 W per core x {cores} cores (server x86 cores draw ~5-10 W each under AVX load), idle 25%"
+        e_flop, e_mem, m_src = 1.0e-12, 1.6e-10, "FP32 AVX-512 FMA ~1 pJ/FLOP; DDR4/5 ~20 pJ/bit = 160 pJ/byte"
+    else:
+        power, idle = 700.0, 140.0
+        p_src = "700 W, an H100/H200 SXM-class rating, idle 20%"
+        e_flop, e_mem, m_src = 1.282e-13, 3.12e-11, "the h200_sxm preset's FP8 and HBM3E energies"
+    cache_bw = max(mb["cache_bytes_per_s"], mb["stream_bytes_per_s"])
+    data = {
+        "name": f"{info['platform']}:{info['device_kind']}".replace(" ", "_"),
+        "vendor": info.get("processor", info["device_kind"]) or "unknown",
+        "description": f"the local JAX device, described from micro-benchmarks in {dtype_name}",
+        "bf16_flops_per_s": mb["matmul_flops_per_s"], "fp8_flops_per_s": None, "int8_flops_per_s": None,
+        "fp4_flops_per_s": None,
+        "sram_capacity_bytes": info["cache_bytes"], "sram_bandwidth_bytes_per_s": cache_bw,
+        "hbm_capacity_bytes": info["memory_bytes"] or 1.0, "hbm_bandwidth_bytes_per_s": mb["stream_bytes_per_s"],
+        "scaleup_bandwidth_bytes_per_s": 1.0e10, "scaleup_latency_s": 1.0e-6, "scaleup_domain_chips": 1,
+        "scaleout_bandwidth_bytes_per_s": 1.25e9, "power_rating_w": power, "idle_power_w": idle,
+        "allin_power_w": None, "die_area_m2": None, "rental_usd_per_s": None,
+        "fp8_energy_j_per_flop": e_flop, "hbm_energy_j_per_byte": e_mem, "sram_energy_j_per_byte": 5.0e-12,
+        "link_energy_j_per_byte": 4.4e-11, "sram_explicit_fraction": 0.0,
+        "provenance": {
+            "bf16_flops_per_s": measured(f"median rate of a {mb['matmul_shape']} matmul (float32 accumulation): the "
+                                         f"execution dtype's achieved rate, in the bf16 slot (no fp32 math dtype)"),
+            "sram_capacity_bytes": ({"kind": "measured", "source": info["cache_source"]} if cpu and
+                                    info["cache_source"].startswith("sysfs")
+                                    else {"kind": "assumed", "source": info["cache_source"]}),
+            "sram_bandwidth_bytes_per_s": measured(f"GEMV {mb['cache_shape']}, a quarter of the last-level cache "
+                                                   f"(at least the streaming bandwidth)"),
+            "hbm_capacity_bytes": measured("MemTotal (/proc/meminfo)" if cpu else "the allocator's bytes_limit"),
+            "hbm_bandwidth_bytes_per_s": measured(f"weights streamed by a GEMV {mb['stream_shape']} (decode's "
+                                                  f"weight-GEMM access pattern)"),
+            "scaleup_bandwidth_bytes_per_s": assumed("one device: no scale-up link is used at tp = ep = 1"),
+            "scaleup_latency_s": assumed("one device: 1 us, unused at tp = ep = 1"),
+            "scaleup_domain_chips": assumed("the one local device"),
+            "scaleout_bandwidth_bytes_per_s": assumed("a 10 GbE NIC, unused"),
+            "power_rating_w": assumed(p_src), "idle_power_w": assumed(p_src),
+            "fp8_energy_j_per_flop": assumed(m_src), "hbm_energy_j_per_byte": assumed(m_src),
+            "sram_energy_j_per_byte": assumed("5 pJ/byte, the N5-class global SRAM figure of the presets"),
+            "link_energy_j_per_byte": assumed("44 pJ/byte, the presets' 112G SerDes figure; unused"),
+            "sram_explicit_fraction": assumed("a hardware-managed cache: it serves a step only when all of it fits"),
+        },
+    }
+    return Chip.from_dict(data, "device")
+
+
+PARAM_MODES = ("phase", "run", "rates", "config")
+MODE_TEXT = {"phase": "efficiency maxima 1, GEMM/MoE curve fitted to the sweep's rows of each phase, overheads "
+                      "measured, the rest from the serving config",
+             "run": "efficiency maxima 1, one GEMM/MoE curve fitted to the whole sweep, overheads measured, the "
+                    "rest from the serving config",
+             "rates": "efficiency maxima 1, overheads measured, the rest from the serving config",
+             "config": "the serving config as is"}
+
+
+def device_params(base, mb: dict, mode: str, fit: dict | None = None):
+    """ServingParams for the device chip and where each replaced value came from (module docstring); ``fit``: the
+    GEMM curve of modes ``phase`` and ``run``."""
+    if mode == "config":
+        return base, {"all": "serving config, as is"}
+    changes = {"gemm_efficiency_max": 1.0, "attention_efficiency_max": 1.0, "moe_efficiency_max": 1.0,
+               "memory_efficiency_max": 1.0, "kernel_overhead_s": mb["kernel_overhead_s"],
+               "step_overhead_s": mb["dispatch_s"]}
+    sources = {k: "1: the chip's rates are achieved rates" for k in changes if k.endswith("_max")}
+    sources["kernel_overhead_s"] = "measured: one more small dot inside a jitted program"
+    sources["step_overhead_s"] = "measured: dispatch of a trivial jitted call"
+    if mode in ("phase", "run") and fit is not None:
+        for kind in ("gemm", "moe"):
+            changes[f"{kind}_efficiency_max"] = fit["gemm_efficiency_max"]
+            changes[f"{kind}_rows_half"] = fit["gemm_rows_half"]
+            for f in ("efficiency_max", "rows_half"):
+                sources[f"{kind}_{f}"] = "fitted to the GEMM row sweep (the grouped MoE kernel runs the same dots)"
+    sources["others"] = "serving config"
+    return dataclasses.replace(base, **changes), sources
+
+
