@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from test_recommend import synthetic_table
 
-from codesign import report
+from codesign import report, report_tables
 from codesign.figures import make_figures
 from codesign.recommend import recommend_from_meta
 
@@ -142,11 +142,11 @@ def test_report_command_in_process(run_dir, monkeypatch, capsys):
 
 
 def test_display_units():
-    assert report.display_unit("chip_fp4_flops_per_s")[1:] == ("PF/s", 1e-15)
-    assert report.display_unit("chip_hbm_bandwidth_bytes_per_s")[1:] == ("TB/s", 1e-12)
-    assert report.display_unit("chip_hbm_capacity_bytes")[1:] == ("GB", 1e-9)
-    assert report.display_unit("chip_die_area_m2")[1:] == ("mm^2", 1e6)
-    assert report.display_unit("chip_power_rating_w")[1] == "W" and report.display_unit("chip_cost_usd")[1] == "$"
+    assert report_tables.display_unit("chip_fp4_flops_per_s")[1:] == ("PF/s", 1e-15)
+    assert report_tables.display_unit("chip_hbm_bandwidth_bytes_per_s")[1:] == ("TB/s", 1e-12)
+    assert report_tables.display_unit("chip_hbm_capacity_bytes")[1:] == ("GB", 1e-9)
+    assert report_tables.display_unit("chip_die_area_m2")[1:] == ("mm^2", 1e6)
+    assert report_tables.display_unit("chip_power_rating_w")[1] == "W" and report_tables.display_unit("chip_cost_usd")[1] == "$"
 
 
 def _run(*args):
