@@ -1,11 +1,11 @@
 """``python -m codesign.execute workload=NAME [layers=2] [batch=[1,8]] [context=512]``: run on the real device.
 
 Runs the workload's own JAX model code (``serving.models.build_model``) on the local JAX device (the CPU, or a
-GPU / TPU when one is present) with random weights (:func:`codesign.device_steps.random_params`), at a reduced depth (the first
-``layers`` decoder layers) and the model's real widths (hidden size, heads, FFN and expert widths; ``vocab=`` caps
-the vocabulary, ``experts=`` the routed experts, which are also capped, with a note, when the model would not fit
-the device's memory), and compares what it measures with what the kernel-level serving model (``serving/perf.py``)
-predicts for the same steps:
+GPU / TPU when one is present) with random weights (:func:`codesign.device_steps.random_params`), at a reduced
+depth (the first ``layers`` decoder layers) and the model's real widths (hidden size, heads, FFN and expert
+widths; ``vocab=`` caps the vocabulary, ``experts=`` the routed experts, which are also capped, with a note, when
+the model would not fit the device's memory), and compares what it measures with what the kernel-level serving
+model (``serving/perf.py``) predicts for the same steps:
 
 - **measured**: one decode step per batch size B at context C (a KV cache of C filled positions, its length reset
   every step) and one prefill of T tokens, each ``jax.jit``-compiled, run ``warmup`` times, then timed ``repeats``
@@ -14,8 +14,9 @@ predicts for the same steps:
   to the step (updated in place, as a serving engine does; XLA would otherwise copy the whole cache every step).
   With ``kernels=true`` every kernel of the step (the named scopes of ``serving/models/__init__.py``:
   ``layer_0/qkv_proj``, ``layer_0/attention``, ...) is also timed on its own: the step's jaxpr is cut into runs of
-  equations of one kernel (:func:`codesign.device_steps.time_kernels`), and each run is jitted and timed on the step's own intermediate
-  values (so routing, masks and cache contents are the step's), a written cache again donated;
+  equations of one kernel (:func:`codesign.device_steps.time_kernels`), and each run is jitted and timed on the
+  step's own intermediate values (so routing, masks and cache contents are the step's), a written cache again
+  donated;
 - **predicted**: the same reduced-depth architecture (``dataclasses.replace`` on the preset's), its kernel table
   (``serving.kernel_table.build_kernel_table``) in the precision of the execution dtype (``fp32``: every tensor and
   the KV cache in float32; ``bf16`` for bfloat16), and ``serving.perf.step_time`` on one chip (``Mapping()``) for

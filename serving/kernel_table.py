@@ -163,10 +163,10 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
         rows.append(dict(
             kind=_KIND.get(a.kind, KIND_VECTOR), group=group, layer=-1 if a.layer is None else a.layer,
             d_flops_b=np.maximum(fb, 0), d_flops_bc=np.maximum(fbc, 0), p_flops_r=_clean(pr, pt * PREFILL_T0),
-            p_flops_t=np.maximum(pt, 0),
-            p_flops_tt=np.maximum(ptt, 0), weight_bytes=a.weight_bytes - routed, expert_weight_bytes=routed,
-            d_kv_read_bc=max(kv_bc, 0.0), kv_write_b=max(kv_w, 0.0), d_act_b=max(act_b, 0.0),
-            p_act_r=float(_clean(act_r, act_t * PREFILL_T0)), p_act_t=max(act_t, 0.0), ctx_cap=_kv_cap(arch, a.layer) if a.kind == "attention" else 1e12,
+            p_flops_t=np.maximum(pt, 0), p_flops_tt=np.maximum(ptt, 0), weight_bytes=a.weight_bytes - routed,
+            expert_weight_bytes=routed, d_kv_read_bc=max(kv_bc, 0.0), kv_write_b=max(kv_w, 0.0),
+            d_act_b=max(act_b, 0.0), p_act_r=float(_clean(act_r, act_t * PREFILL_T0)), p_act_t=max(act_t, 0.0),
+            ctx_cap=_kv_cap(arch, a.layer) if a.kind == "attention" else 1e12,
             tp_allreduce=float(any(x.op == "all_reduce" for x in a.comm)),
             ep_alltoall=float(any(x.op == "all_to_all" for x in a.comm)),
             # DeepSeek's MTP module is one more decoder layer (+ eh_proj) sharing the lm_head: its cost is that
