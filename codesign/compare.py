@@ -193,7 +193,7 @@ def evaluate(args: dict):
 
 
 def summarise(table, args: dict) -> list[dict]:
-    from codesign.recommend import design_values
+    from codesign.frontier import design_values
 
     order = [d[0] for d in args["designs"]]
     out = []

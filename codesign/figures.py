@@ -18,8 +18,9 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
-from codesign.recommend import (GAIN_METRICS, OBJECTIVE_LABEL, X, DesignMix, Recommendation,  # noqa: E402
-                                _workload_keys, generation_gains, objective_values, pareto_frontier)
+from codesign.frontier import (GAIN_METRICS, OBJECTIVE_LABEL, X, objective_values, pareto_frontier,  # noqa: E402
+                               workload_keys)
+from codesign.recommend import DesignMix, Recommendation, generation_gains  # noqa: E402
 
 INTERACTIVITY_LABEL = "interactivity (tok/s/user = 1000 / TPOT ms)"
 GEN_COLORS = ["tab:blue", "tab:red", "tab:purple", "tab:cyan", "tab:brown"]
@@ -127,7 +128,7 @@ class FrontierData:
 
     def __init__(self, table: pa.Table):
         self.ids = table.column("design_id").to_numpy(zero_copy_only=False).astype(str)
-        self.wl = _workload_keys(table)
+        self.wl = workload_keys(table)
         self.ok = table.column("feasible").to_numpy(zero_copy_only=False).astype(bool)
         self.x = table.column(X).to_numpy(zero_copy_only=False).astype(float)
         self.table = table

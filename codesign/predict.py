@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from arch_space.chip import stack
 from arch_space.errors import ConfigError
 from codesign.cli import CONF_DIR, entry, fail, overridden_keys
-from codesign.recommend import pareto_frontier
+from codesign.frontier import pareto_frontier
 from codesign.schema import load_workload
 from arch_space.chip import Chip
 from serving.perf import INFEASIBLE_REASONS, ParamSet

@@ -10,7 +10,8 @@ import html
 import numpy as np
 
 from codesign.figures import objective_label, plotted
-from codesign.recommend import COST_NOTE, GAIN_METRICS, DesignMix, Recommendation, design_axes
+from codesign.frontier import GAIN_METRICS, design_axes
+from codesign.recommend import COST_NOTE, DesignMix, Recommendation
 
 # ---------------------------------------------------------------------------------------------------- formatting
 def _fmt(v, digits=3) -> str:

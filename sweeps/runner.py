@@ -75,7 +75,7 @@ KEEP = ("all", "frontier")
 def frontier_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """[N, P] -> bool [N, P]: the points of each design (row) that no other point of that design beats on both
     interactivity ``x`` and throughput ``y`` (NaN = infeasible, never kept; of exact duplicates the first is kept,
-    as ``codesign.recommend.pareto_frontier`` does). Per-chip, per-kW (rating) and per-$ throughput differ from
+    as ``codesign.frontier.pareto_frontier`` does). Per-chip, per-kW (rating) and per-$ throughput differ from
     ``total_tok_s_per_chip`` by a per-design constant, so this one frontier holds every point a selection on those
     objectives can use (the InferenceX frontier). O(P log P) per row: sort by x descending (ties: y descending),
     keep the points whose y beats every point before them (Kung et al. 1975 for two objectives)."""

@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from codesign.recommend import (design_axes, design_values, frontier_interp, generation_gains, headline_lines,
-                                pareto_frontier, pareto_mask, recommend, recommend_from_meta, value_at)
+from codesign.frontier import design_axes, design_values, frontier_interp, pareto_frontier, value_at
+from codesign.recommend import generation_gains, headline_lines, pareto_mask, recommend, recommend_from_meta
 
 XS = (10.0, 50.0, 100.0, 200.0, 400.0)
 
