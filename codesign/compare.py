@@ -246,7 +246,8 @@ def format_tables(values: list[dict], args: dict, reasons: dict) -> str:
 
 def frontier_plot(table, args: dict):
     """Tokens/s per chip and per kW against interactivity, one column per workload, log axes."""
-    from codesign.figures import COMP_COLORS, INTERACTIVITY_LABEL, FrontierData, finish_frontier_axes, plt
+    from codesign.figures import COMP_COLORS, INTERACTIVITY_LABEL, FrontierData, finish_frontier_axes
+    from codesign.plotting import plt
 
     data = FrontierData(table)
     wls = [a.name for a in args["archs"]]
@@ -290,7 +291,7 @@ def _clean(v):
 
 
 def run(args: dict) -> dict:
-    from codesign.figures import plt
+    from codesign.plotting import plt
     from sweeps.store import atomic_write_bytes, atomic_write_table
 
     table = evaluate(args)

@@ -3,31 +3,23 @@
 Every builder returns one ``Figure`` whose axes all carry an x and a y label with units (colour bars carry their
 own label), a title and, where several series share an axis, a legend. Builders never re-run anything: they read
 the stored result table, a :class:`codesign.recommend.Recommendation` computed from it, and the optional
-sensitivity / attribution / roofline lists of the study's meta.
+sensitivity / attribution / roofline lists of the study's meta (those three in :mod:`codesign.figures_bottleneck`;
+shared plot helpers in :mod:`codesign.plotting`).
 """
 
 from __future__ import annotations
 
-import math
+import numpy as np
+import pyarrow as pa
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
-import pyarrow as pa  # noqa: E402
-
-from codesign.frontier import (GAIN_METRICS, OBJECTIVE_LABEL, X, objective_values, pareto_frontier,  # noqa: E402
-                               workload_keys)
-from codesign.recommend import DesignMix, Recommendation, generation_gains  # noqa: E402
+from codesign.figures_bottleneck import attribution_figure, roofline_figure, sensitivity_figure
+from codesign.frontier import GAIN_METRICS, OBJECTIVE_LABEL, X, objective_values, pareto_frontier, workload_keys
+from codesign.plotting import empty_panel, panel_grid, plain_log, plt
+from codesign.recommend import DesignMix, Recommendation, generation_gains
 
 INTERACTIVITY_LABEL = "interactivity (tok/s/user = 1000 / TPOT ms)"
 GEN_COLORS = ["tab:blue", "tab:red", "tab:purple", "tab:cyan", "tab:brown"]
 COMP_COLORS = ["tab:green", "tab:orange", "tab:olive", "tab:pink", "tab:gray", "goldenrod", "teal", "slateblue"]
-ATTRIBUTION_PARTS = [("compute_s", "compute", "tab:blue"), ("memory_s", "memory (HBM / SRAM)", "tab:orange"),
-                     ("network_s", "network (collectives)", "tab:green"), ("overhead_s", "fixed overheads", "tab:gray"),
-                     ("power_s", "power cap (throttling)", "tab:red")]
 
 
 def objective_label(objective: str) -> str:
@@ -77,18 +69,6 @@ def plotted(rec: Recommendation) -> list[tuple[DesignMix, str]]:
     return out
 
 
-def _grid(n: int, width: float = 5.2, height: float = 4.2, max_cols: int = 3, min_width: float = 8.0):
-    cols = max(1, min(n, max_cols))
-    rows = max(1, math.ceil(n / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(max(width * cols, min_width), height * rows + 0.9),
-                             squeeze=False,
-                             layout="constrained")
-    flat = list(axes.ravel())
-    for ax in flat[n:]:
-        fig.delaxes(ax)
-    return fig, flat[:n]
-
-
 def finish_frontier_axes(ax, targets, drawn: int) -> None:
     """A frontier panel's common finish: dotted target lines, log axes with plain ticks and a grid, or a note
     when no curve was drawn."""
@@ -97,30 +77,10 @@ def finish_frontier_axes(ax, targets, drawn: int) -> None:
     if drawn:
         ax.set_xscale("log")
         ax.set_yscale("log")
-        _plain_log(ax)
+        plain_log(ax)
         ax.grid(True, which="both", alpha=0.25)
     else:
         ax.text(0.5, 0.5, "no feasible operating point", ha="center", va="center", transform=ax.transAxes)
-
-
-def _plain_log(ax, axis: str = "xy"):
-    """Log axes with plain tick numbers (50, 100, 200 rather than 5 x 10^1) and no minor tick labels."""
-    fmt = FuncFormatter(lambda v, _pos: f"{v:,.6g}")
-    for a in axis:
-        ax_ = ax.xaxis if a == "x" else ax.yaxis
-        lo, hi = (ax.get_xlim() if a == "x" else ax.get_ylim())
-        decades = math.log10(hi / lo) if lo > 0 and hi > lo else 9
-        ax_.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades < 2.5 else (1.0,)))
-        ax_.set_major_formatter(fmt)
-        ax_.set_minor_formatter(NullFormatter())
-
-
-def _empty(ax, text: str, xlabel: str, ylabel: str):
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize=9, color="grey")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_xticks([])
-    ax.set_yticks([])
 
 
 class FrontierData:
@@ -151,7 +111,7 @@ def frontier_figure(table: pa.Table, rec: Recommendation, metric: str, ylabel: s
     """InferenceX-style: ``metric`` against interactivity on log axes, one panel per workload of the table."""
     data = data or FrontierData(table)
     workloads = rec.workloads or ["workload"]
-    fig, axes = _grid(len(workloads))
+    fig, axes = panel_grid(len(workloads))
     st = styles(rec)
     handles = {}
     for ax, w in zip(axes, workloads):
@@ -187,14 +147,14 @@ def gains_figure(rec: Recommendation, gains: list[dict] | None = None, workload:
         workload = next(iter(rec.mix))
     refs = ([rec.baseline] if rec.baseline else []) + list(rec.competitors)
     gens = rec.generations
-    fig, axes = _grid(len(GAIN_METRICS), width=5.6, height=3.9, max_cols=2)
+    fig, axes = panel_grid(len(GAIN_METRICS), width=5.6, height=3.9, max_cols=2)
     where = "the workload mix (weighted geometric mean)" if workload == "mix" else workload
     legend: dict[str, str] = {}
     for ax, (m, (mlabel, _unit, higher)) in zip(axes, GAIN_METRICS.items()):
         ylabel = ("speed-up over the reference (x, >1 = faster)" if not higher
                   else "gain over the reference (x, >1 = better)")
         if not refs or not gens:
-            _empty(ax, "no reference or no candidate", "reference design", ylabel)
+            empty_panel(ax, "no reference or no candidate", "reference design", ylabel)
             ax.set_title(mlabel, fontsize=10)
             continue
         width = 0.8 / max(len(gens), 1)
@@ -234,7 +194,7 @@ def gains_figure(rec: Recommendation, gains: list[dict] | None = None, workload:
 def values_figure(rec: Recommendation):
     """The objective of the featured designs at each target, one panel per workload (0 = cannot reach)."""
     workloads = rec.workloads or ["workload"]
-    fig, axes = _grid(len(workloads), width=5.6, height=4.4)
+    fig, axes = panel_grid(len(workloads), width=5.6, height=4.4)
     ds = plotted(rec)
     width = 0.8 / max(len(rec.targets), 1)
     for ax, w in zip(axes, workloads):
@@ -298,137 +258,6 @@ def design_space_figure(rec: Recommendation):
     ax.set_title("Design space: area vs power")
     if cands:
         ax.legend(fontsize=7, loc="upper left")
-    return fig
-
-
-def sensitivity_figure(entries: list[dict], max_panels: int = 6):
-    """Tornado per (design, workload): % gain of the metric at matched interactivity per +10% of each resource,
-    from the model's gradients (bars) with the finite-difference check (black diamonds)."""
-    entries = list(entries)[:max_panels]
-    fig, axes = _grid(max(len(entries), 1), width=5.8, height=max(3.0, 0.42 * max(
-        (len(e.get("resources", [])) for e in entries), default=4) + 1.4), max_cols=2)
-    if not entries:
-        _empty(axes[0], "no sensitivity results", "gain per +10% of the resource (%)", "resource")
-        return fig
-    for ax, e in zip(axes, entries):
-        res = sorted(e.get("resources", []), key=lambda r: abs(_f(r.get("gain_pct_gradient"))))
-        labels = [str(r.get("label") or r.get("resource")) for r in res]
-        grad = np.asarray([_f(r.get("gain_pct_gradient")) for r in res])
-        fd = np.asarray([_f(r.get("gain_pct_fd")) for r in res])
-        pos = np.arange(len(res))
-        colors = ["tab:blue" if (g if np.isfinite(g) else 0) >= 0 else "tab:red" for g in grad]
-        ax.barh(pos, np.where(np.isfinite(grad), grad, 0.0), color=colors, label="gradient")
-        okf = np.isfinite(fd)
-        if okf.any():
-            ax.scatter(fd[okf], pos[okf], marker="D", color="black", s=18, zorder=3, label="finite difference")
-        ax.axvline(0, color="black", lw=0.8)
-        ax.set_yticks(pos)
-        ax.set_yticklabels(labels, fontsize=8)
-        metric = e.get("metric", "metric")
-        ax.set_xlabel(f"gain in {metric} per +10% of the resource (%)")
-        ax.set_ylabel("resource")
-        tgt = e.get("target_tok_s_user")
-        ax.set_title(f"{e.get('name', e.get('design_id', '?'))} on {e.get('workload', '?')}"
-                     + (f" at {_f(tgt):g} tok/s/user" if tgt is not None else ""), fontsize=9)
-        ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle("Sensitivity: where the next unit of a resource pays off (+10% each)", fontsize=11)
-    return fig
-
-
-def _f(v) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
-def roofline_figure(entries: list[dict], max_panels: int = 4, annotate: int = 6):
-    """Roofline per (design, workload): the main kernels' attained FLOP/s against arithmetic intensity, under the
-    compute roof and the HBM and SRAM bandwidth roofs (Williams et al., CACM 2009)."""
-    entries = list(entries)[:max_panels]
-    fig, axes = _grid(max(len(entries), 1), width=6.0, height=4.6, max_cols=2)
-    xl, yl = "arithmetic intensity (FLOP/byte)", "attained FLOP/s"
-    if not entries:
-        _empty(axes[0], "no roofline results", xl, yl)
-        return fig
-    for ax, e in zip(axes, entries):
-        pts = e.get("points", [])
-        xi = np.asarray([_f(p.get("intensity_flop_per_byte")) for p in pts])
-        ya = np.asarray([_f(p.get("achieved_flops_per_s")) for p in pts])
-        ok = np.isfinite(xi) & np.isfinite(ya) & (xi > 0) & (ya > 0)
-        peak = _f(e.get("peak_flops_per_s"))
-        hbm = _f(e.get("hbm_bandwidth_bytes_per_s"))
-        sram = _f(e.get("sram_bandwidth_bytes_per_s"))
-        lo = min(float(np.min(xi[ok])) if ok.any() else 1.0, 0.5) / 2
-        hi = max(float(np.max(xi[ok])) if ok.any() else 1e3, (peak / hbm) if peak > 0 and hbm > 0 else 1e3) * 4
-        grid = np.geomspace(lo, hi, 200)
-        if peak > 0 and hbm > 0:
-            ax.plot(grid, np.minimum(peak, hbm * grid), color="black", lw=1.6,
-                    label=f"HBM roof ({hbm / 1e12:.3g} TB/s, peak {peak / 1e15:.3g} PF/s)")
-        if peak > 0 and sram > 0:
-            ax.plot(grid, np.minimum(peak, sram * grid), color="grey", lw=1.2, ls="--",
-                    label=f"SRAM roof ({sram / 1e12:.3g} TB/s)")
-        for phase, marker, color in (("prefill", "o", "tab:blue"), ("decode", "s", "tab:red")):
-            m = ok & np.asarray([p.get("phase") == phase for p in pts], bool)
-            if m.any():
-                ax.scatter(xi[m], ya[m], marker=marker, color=color, s=26, zorder=3, label=f"{phase} kernels")
-        other = ok & np.asarray([p.get("phase") not in ("prefill", "decode") for p in pts], bool)
-        if other.any():
-            ax.scatter(xi[other], ya[other], marker="^", color="tab:green", s=26, zorder=3, label="other kernels")
-        times = np.asarray([_f(p.get("time_s")) for p in pts])
-        order = [i for i in np.argsort(-np.where(np.isfinite(times), times, -1)) if ok[i]][:annotate]
-        for i in order:
-            ax.annotate(str(pts[i].get("kernel", ""))[:28], (xi[i], ya[i]), fontsize=6, xytext=(3, 3),
-                        textcoords="offset points")
-        if ok.any() or peak > 0:
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-        ax.grid(True, which="both", alpha=0.25)
-        ax.set_xlabel(xl)
-        ax.set_ylabel(yl)
-        ax.set_title(f"{e.get('name', e.get('design_id', '?'))} on {e.get('workload', '?')}", fontsize=9)
-        ax.legend(fontsize=6, loc="lower right")
-    fig.suptitle("Roofline of the main kernels", fontsize=11)
-    return fig
-
-
-def attribution_figure(entries: list[dict]):
-    """Each phase's step time split into compute, memory, network, fixed overheads and power throttling: stacked
-    bars per (design, workload), one panel per phase."""
-    entries = list(entries)
-    phases = [p for p in ("prefill", "decode") if any(e.get("phase") == p for e in entries)]
-    phases += sorted({str(e.get("phase")) for e in entries} - set(phases) - {"None"})
-    fig, axes = _grid(max(len(phases), 1), width=6.4, height=4.6, max_cols=2)
-    if not phases:
-        _empty(axes[0], "no attribution results", "design and workload", "time per step (ms)")
-        return fig
-    for ax, ph in zip(axes, phases):
-        es = [e for e in entries if e.get("phase") == ph]
-        labels = [f"{e.get('name', e.get('design_id', '?'))} on {e.get('workload', '')}" for e in es]
-        bottom = np.zeros(len(es))
-        pos = np.arange(len(es))
-        for key, lab, color in ATTRIBUTION_PARTS:
-            v = np.asarray([_f(e.get(key)) for e in es]) * 1e3
-            v = np.where(np.isfinite(v) & (v > 0), v, 0.0)
-            if v.any():
-                ax.bar(pos, v, 0.6, bottom=bottom, color=color, label=lab)
-                bottom += v
-        for p, e, b in zip(pos, es, bottom):
-            tot = _f(e.get("total_s")) * 1e3
-            ax.text(p, b * 1.01, f"{tot:.3g} ms" if np.isfinite(tot) else "", ha="center", va="bottom", fontsize=7)
-        ax.set_xticks(pos)
-        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
-        ax.set_xlabel("design and workload")
-        ax.set_ylabel("time per step (ms)")
-        ax.set_title(f"{ph}: where the step time goes", fontsize=10)
-    handles = {}
-    for ax in axes:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(lab, h)
-    if handles:
-        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=len(handles), fontsize=8,
-                   frameon=False)
-    fig.suptitle("Time attribution by phase", fontsize=11)
     return fig
 
 
