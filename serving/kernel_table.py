@@ -162,10 +162,10 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
         group = GROUP_EXPERTS if a.kind == "moe_experts" else GROUP_FFN if op in _FFN_OPS else GROUP_ATTENTION
         rows.append(dict(
             kind=_KIND.get(a.kind, KIND_VECTOR), group=group, layer=-1 if a.layer is None else a.layer,
-            d_flops_b=np.maximum(fb, 0), d_flops_bc=np.maximum(fbc, 0), p_flops_r=_clean(pr, pt * PREFILL_T0),
+            d_flops_b=np.maximum(fb, 0), d_flops_bc=np.maximum(fbc, 0), p_flops_r=_clean(pr, pt, ptt),
             p_flops_t=np.maximum(pt, 0), p_flops_tt=np.maximum(ptt, 0), weight_bytes=a.weight_bytes - routed,
             expert_weight_bytes=routed, d_kv_read_bc=max(kv_bc, 0.0), kv_write_b=max(kv_w, 0.0),
-            d_act_b=max(act_b, 0.0), p_act_r=float(_clean(act_r, act_t * PREFILL_T0)), p_act_t=max(act_t, 0.0),
+            d_act_b=max(act_b, 0.0), p_act_r=float(_clean(act_r, act_t, 0.0)), p_act_t=max(act_t, 0.0),
             ctx_cap=_kv_cap(arch, a.layer) if a.kind == "attention" else 1e12,
             tp_allreduce=float(any(x.op == "all_reduce" for x in a.comm)),
             ep_alltoall=float(any(x.op == "all_to_all" for x in a.comm)),
@@ -185,11 +185,12 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
         weight_bytes_total=float(resident), activation_bytes=precision.activation_bytes, names=names)
 
 
-def _clean(per_request, per_token_at_t0):
-    """The per-request coefficient with solver round-off removed: zero unless it exceeds 1e-6 of what the per-token
-    term adds at T0 (a kernel that is truly per token leaves ~1e-12 relative residue in the 3x3 solve)."""
+def _clean(per_request, per_token, per_token2):
+    """The per-request coefficient with solver round-off removed: zero unless it exceeds 1e-6 of what the T and T^2
+    terms add at T0 (a kernel that is truly per token leaves ~1e-12 relative residue in the 3x3 solve)."""
     r = np.asarray(per_request, np.float64)
-    return np.where(r > 1e-6 * np.abs(np.asarray(per_token_at_t0)), r, 0.0)
+    scale = np.abs(np.asarray(per_token)) * PREFILL_T0 + np.abs(np.asarray(per_token2)) * PREFILL_T0 ** 2
+    return np.where(r > 1e-6 * scale, r, 0.0)
 
 
 def _merge(rows: list[dict], names: tuple) -> tuple[list[dict], tuple]:
