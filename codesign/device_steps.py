@@ -82,8 +82,6 @@ def moe_kernel(impl: str):
         jax.lax.ragged_dot = saved
 
 
-
-
 # ================================================================================================= measurement
 def _runs(closed):
     """The step's top-level equations cut into maximal runs of one kernel: [(kernel name, jaxpr, in vars, out

@@ -62,6 +62,7 @@ PRECISION_OF = {"float32": "fp32", "bfloat16": "bf16"}
 CLASSES = (("gemm", "GEMMs"), ("attention", "attention"), ("moe_experts", "MoE experts"), ("other", "other"))
 MEMORY_HEADROOM = 0.75  # share of the device's free memory the reduced model may plan to use
 
+
 # ================================================================================================= configuration
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -178,7 +179,6 @@ def _validate(cfg: dict, overridden=()) -> Plan:
                 seed=seed, experts_set=experts is not None, bench=bench, stat=cfg["stat"])
 
 
-
 # ================================================================================================= fitting in memory
 def _tree_bytes(tree) -> float:
     import jax
@@ -234,7 +234,6 @@ def fit_device(plan: Plan, dtype, free_bytes: float):
     raise ConfigError("layers", f"{arch.name} at {arch.num_layers} layers needs ~{need / gib:.1f} GiB "
                                 f"({p / gib:.1f} GiB of weights), the device has {free_bytes / gib:.1f} GiB free: "
                                 f"lower layers=, vocab= or experts=")
-
 
 
 # ================================================================================================= prediction
@@ -299,7 +298,6 @@ def _merge(measured: dict, predicted: dict, others: dict) -> dict:
         row["kernels_alone_s"] = float(sum(km.values()))
     row["ops"] = ops
     return row
-
 
 
 # ================================================================================================= the command

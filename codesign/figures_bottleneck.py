@@ -46,7 +46,6 @@ def sensitivity_figure(entries: list[dict], max_panels: int = 6):
     return fig
 
 
-
 def roofline_figure(entries: list[dict], max_panels: int = 4, annotate: int = 6):
     """Roofline per (design, workload): the main kernels' attained FLOP/s against arithmetic intensity, under the
     compute roof and the HBM and SRAM bandwidth roofs (Williams et al., CACM 2009)."""

@@ -13,6 +13,7 @@ from codesign.figures import objective_label, plotted
 from codesign.frontier import GAIN_METRICS, design_axes
 from codesign.recommend import COST_NOTE, DesignMix, Recommendation
 
+
 # ---------------------------------------------------------------------------------------------------- formatting
 def _fmt(v, digits=3) -> str:
     if v is None or (isinstance(v, float) and not np.isfinite(v)):
