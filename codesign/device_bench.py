@@ -31,11 +31,15 @@ table):
   grouped MoE GEMMs, which run the same dots) fitted to a GEMM row sweep ``x[M, 4096] @ W[4096, N]`` (W half of
   ``bench.stream_bytes``) over M = 1, 2, 4, ... up to the run's largest row count (:func:`fit_gemm_curve`: least
   squares of log time of the serving model's own kernel time);
-- ``phase`` (default): as ``run``, with one curve for the decode steps (fitted to M = 1 .. 2 x the largest batch)
-  and one for the prefill (M = T/4 .. T). XLA:CPU needs this: a 1-row product runs as a bandwidth-bound GEMV,
-  products of 2-32 rows take a slow small-GEMM path (their time grows like M^0.6, not linearly) and from ~64 rows
-  the blocked GEMM approaches the square-matmul rate, which no single curve of the serving model's form follows
-  (the ``run`` fit's residuals and ratios show by how much). The fits use synthetic matrices, never the model's.
+- ``phase`` (default): as ``run``, with one curve per step fitted to the sweep's rows around the step's own: M =
+  B/2 .. 2B for a decode step of B sequences, M = T/4 .. T for the prefill (:func:`phase_rows`). The device's GEMM
+  rate is thereby characterised at the row counts each step runs (on synthetic matrices); how the serving model
+  composes kernels of other shapes, attention and overheads into a step stays under test. XLA:CPU needs this: a
+  1-row product runs as a bandwidth-bound GEMV, products of 2-32 rows take a slow small-GEMM path (M = 2 took 1.9x
+  the time of M = 1 on this VM; their time grows like M^0.6 after that) and from ~64 rows the blocked GEMM
+  approaches the square-matmul rate, which no single curve of the serving model's form follows (the ``run`` fit's
+  residuals and ratios show by how much; one decode curve over M = 1 .. 16 put M = 1 at 1.3x its time, and decode
+  B = 1 at 1.3-1.4x measured). The fits use synthetic matrices, never the model's.
 
 The attention curve (``attention_rows_half``) and the memory ramp (``memory_bytes_half``) stay as configured in
 every mode: they are the serving model's claims under test.
@@ -284,11 +288,17 @@ def fit_gemm_curve(mb: dict, base, lo: float = 0, hi: float = float("inf")) -> d
             "predicted_over_measured": [float(v) for v in best / meas], "rows": [int(r) for r in rows]}
 
 
+def step_key(phase: str, rows: int) -> str:
+    """The name of a step's curve in :func:`phase_rows` (``decode B=8``, ``prefill``)."""
+    return f"decode B={rows}" if phase == "decode" else "prefill"
+
+
 def phase_rows(batches, prefill_tokens) -> dict:
-    """The sweep's row range of each fit: decode (1 .. twice the largest batch, at least 4), prefill (a quarter of
-    the prefill tokens .. the prefill tokens), run (everything)."""
-    return {"decode": (1, max(2 * max(batches), 4)), "prefill": (prefill_tokens / 4, prefill_tokens),
-            "run": (0, float("inf"))}
+    """The sweep's row range of each fit: one per decode batch B (B/2 .. 2B: the sweep holds B and the powers of two
+    around it, so at least two points), the prefill (a quarter of the prefill tokens .. the prefill tokens), run
+    (everything)."""
+    out = {step_key("decode", b): (b / 2, 2 * b) for b in batches}
+    return out | {"prefill": (prefill_tokens / 4, prefill_tokens), "run": (0, float("inf"))}
 
 
 def device_chip(info: dict, mb: dict, dtype_name: str):
@@ -348,8 +358,8 @@ def device_chip(info: dict, mb: dict, dtype_name: str):
 
 
 PARAM_MODES = ("phase", "run", "rates", "config")
-MODE_TEXT = {"phase": "efficiency maxima 1, GEMM/MoE curve fitted to the sweep's rows of each phase, overheads "
-                      "measured, the rest from the serving config",
+MODE_TEXT = {"phase": "efficiency maxima 1, GEMM/MoE curve fitted to the sweep's rows around each step's (B/2..2B, "
+                      "T/4..T), overheads measured, the rest from the serving config",
              "run": "efficiency maxima 1, one GEMM/MoE curve fitted to the whole sweep, overheads measured, the "
                     "rest from the serving config",
              "rates": "efficiency maxima 1, overheads measured, the rest from the serving config",

@@ -48,7 +48,7 @@ from arch_space.errors import ConfigError
 from arch_space.validation import check_quantity
 from codesign.cli import CONF_DIR, entry, fail
 from codesign.device_bench import MODE_TEXT, PARAM_MODES, STATS, device_chip, device_info, device_params, \
-    fit_gemm_curve, microbenchmarks, phase_rows, sweep_rows
+    fit_gemm_curve, microbenchmarks, phase_rows, step_key, sweep_rows
 from codesign.device_steps import measure_decode, measure_prefill, moe_kernel, random_params
 from codesign.schema import load_workload
 
@@ -325,8 +325,8 @@ def execute(plan: Plan) -> dict:
             for name, (lo, hi) in phase_rows(plan.batches, plan.prefill_tokens).items()}
     chip = device_chip(info, mb, dtype_name)
 
-    def params_for(mode, phase):
-        return device_params(plan.params, mb, mode, fits[phase if mode == "phase" else "run"])
+    def params_for(mode, step):
+        return device_params(plan.params, mb, mode, fits[step if mode == "phase" else "run"])
     prec_name = PRECISION_OF[dtype_name]
     precision = Precision.from_dict(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "precision" /
                                                                           f"{prec_name}.yaml")), "precision")
@@ -344,9 +344,10 @@ def execute(plan: Plan) -> dict:
             sub = jax.random.fold_in(key, 1 + i)
             m = (measure_decode(model, params, n, plan.context, dtype, plan, sub) if phase == "decode"
                  else measure_prefill(model, params, n, dtype, plan, sub))
-            others = {mode: predict_step(chip, kt, params_for(mode, phase)[0], work)["predicted_s"]
+            step = step_key(phase, n)
+            others = {mode: predict_step(chip, kt, params_for(mode, step)[0], work)["predicted_s"]
                       for mode in PARAM_MODES}
-            sp, _ = params_for(plan.params_mode, phase)
+            sp, _ = params_for(plan.params_mode, step)
             row = _merge(m, predict_step(chip, kt, sp, work), others)
             row["serving_params"] = dataclasses.asdict(sp)
             steps.append(row)

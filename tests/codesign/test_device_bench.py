@@ -21,3 +21,17 @@ def test_gemm_curve_fit_recovers_a_known_curve():
     assert fit["gemm_efficiency_max"] == pytest.approx(e, abs=0.02)
     assert fit["gemm_rows_half"] == pytest.approx(h, rel=0.1)
     assert max(abs(np.log(fit["predicted_over_measured"]))) < 0.05
+
+
+@pytest.mark.parametrize("batches,prefill", [((1,), 512), ((1, 8), 512), ((2,), 32), ((3, 64), 128), ((8,), 8)])
+def test_each_decode_batch_gets_a_curve_fitted_around_its_own_rows(batches, prefill):
+    from codesign.device_bench import phase_rows, step_key, sweep_rows
+
+    rows = sweep_rows(batches, prefill)
+    ranges = phase_rows(batches, prefill)
+    assert set(ranges) == {f"decode B={b}" for b in batches} | {"prefill", "run"}
+    for b in batches:
+        lo, hi = ranges[step_key("decode", b)]
+        inside = [m for m in rows if lo <= m <= hi]
+        assert b in inside and len(inside) >= 2, (b, inside)  # the step's own row count and a neighbour
+    assert ranges[step_key("prefill", prefill)] == (prefill / 4, prefill)
