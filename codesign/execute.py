@@ -199,7 +199,7 @@ def _footprint(arch, dtype, batches, context, prefill) -> tuple[float, float]:
     width = max(arch.hidden_size, arch.intermediate_size or 0,
                 (arch.expert_intermediate_size or 0) * max(arch.experts_per_token, 1))
     # float32 logits: one row per decoding sequence, one per prompt (prefill samples from its last position)
-    act = 4.0 * (max(max(batches), 1) * arch.vocab_size + 2 * arch.num_attention_heads * prefill ** 2
+    act = 4.0 * (max(batches) * arch.vocab_size + 2 * arch.num_attention_heads * prefill ** 2
                  + 8 * prefill * width)
     return p, p + 3 * kv + act  # the cache: the step's, the segment timing's copy, its output
 

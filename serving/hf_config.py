@@ -67,6 +67,15 @@ def _period(values: list) -> tuple:
     return tuple(values)
 
 
+def _attention_pattern(r: _HF, types: list, kinds: dict) -> None:
+    """``attention_pattern`` from HF ``layer_types`` (one entry per layer), mapped through ``kinds``; an entry
+    outside ``kinds`` is an error naming its index."""
+    for i, t in enumerate(types):
+        if t not in kinds:
+            raise r.unsupported(f"layer_types[{i}]", t, f"supported: {', '.join(kinds)}")
+    r.set("attention_pattern", list(_period([kinds[t] for t in types])), "layer_types")
+
+
 def _rope(r: _HF):
     if r.data.get("rope_theta") is None and isinstance(r.data.get("rope_parameters"), dict):
         r.set("rope_theta", r.data["rope_parameters"].get("rope_theta"), "rope_parameters.rope_theta")
@@ -120,11 +129,7 @@ def _gpt_oss(r: _HF):
     n = r.fields["num_layers"]
     default_types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
     types = r.get("layer_types", default_types)
-    kinds = {"sliding_attention": "sliding", "full_attention": "full"}
-    for i, t in enumerate(types):
-        if t not in kinds:
-            raise r.unsupported(f"layer_types[{i}]", t, f"supported: {', '.join(kinds)}")
-    r.set("attention_pattern", list(_period([kinds[t] for t in types])), "layer_types")
+    _attention_pattern(r, types, {"sliding_attention": "sliding", "full_attention": "full"})
     if "sliding" in r.fields["attention_pattern"]:
         r.put("sliding_window", "sliding_window")
     r.put("num_experts", "num_local_experts")
@@ -164,11 +169,7 @@ def _llama4(r: _HF):
     interval = r.get("no_rope_layer_interval", 4)
     rope = r.get("no_rope_layers", None) or [int((i + 1) % interval != 0) for i in range(n)]
     types = r.get("layer_types", None) or ["chunked_attention" if x else "full_attention" for x in rope]
-    kinds = {"chunked_attention": "chunked", "full_attention": "full"}
-    for i, t in enumerate(types):
-        if t not in kinds:
-            raise r.unsupported(f"layer_types[{i}]", t, f"supported: {', '.join(kinds)}")
-    r.set("attention_pattern", list(_period([kinds[t] for t in types])), "layer_types")
+    _attention_pattern(r, types, {"chunked_attention": "chunked", "full_attention": "full"})
     r.set("rope_pattern", list(_period([bool(x) for x in rope])), "no_rope_layers")
     if "chunked" in r.fields["attention_pattern"]:
         r.put("attention_chunk_size", "attention_chunk_size")
