@@ -238,12 +238,10 @@ def fit_device(plan: Plan, dtype, free_bytes: float):
 
 # ================================================================================================= prediction
 def _kernel_class(name: str) -> int:
-    from serving.graph import KERNEL_KINDS
+    from serving.graph import kernel_kind
     from serving.kernel_table import _KIND, KIND_VECTOR
 
-    op = name.rsplit("/", 1)[-1]
-    kind = "norm" if op.endswith("norm") else KERNEL_KINDS.get(op, "other")
-    return _KIND.get(kind, KIND_VECTOR)
+    return _KIND.get(kernel_kind(name), KIND_VECTOR)
 
 
 def op_name(kernel: str) -> str:

@@ -108,7 +108,8 @@ class Kernel:
         return d
 
 
-def _kernel_kind(name: str) -> str:
+def kernel_kind(name: str) -> str:
+    """A kernel's kind from its name: ``norm`` for ``*norm`` scopes, else KERNEL_KINDS' entry, else ``other``."""
     op = name.rsplit("/", 1)[-1]
     if op.endswith("norm"):
         return "norm"
@@ -132,7 +133,7 @@ def trace_kernels(fn, params_abstract, *args_abstract, param_class_of=default_pa
     kernels = []
     for name in order:
         s = stats[name]
-        k = Kernel(name=name, layer=s.layer, kind=_kernel_kind(name), matmul_flops=sum(s.matmul.values()),
+        k = Kernel(name=name, layer=s.layer, kind=kernel_kind(name), matmul_flops=sum(s.matmul.values()),
                    vector_flops=s.vector, matmul_flops_by_class=dict(s.matmul),
                    weight_elements_by_class=dict(s.weight_elements), weight_bytes_by_class=dict(s.weight_bytes),
                    weight_bytes=sum(s.weight_bytes.values()), kv_read_elements=s.kv_read[0],
