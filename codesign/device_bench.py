@@ -383,6 +383,8 @@ def device_params(base, mb: dict, mode: str, fit: dict | None = None):
             changes[f"{kind}_rows_half"] = fit["gemm_rows_half"]
             for f in ("efficiency_max", "rows_half"):
                 sources[f"{kind}_{f}"] = "fitted to the GEMM row sweep (the grouped MoE kernel runs the same dots)"
+        changes["moe_rows_floor"] = 0.0
+        sources["moe_rows_floor"] = "0: the fitted curve is the device's own down to one row"
     sources["others"] = "serving config"
     return dataclasses.replace(base, **changes), sources
 

@@ -10,7 +10,17 @@ where the achieved compute efficiency is shape-aware, eff = e_max x rows / (rows
 GEMMs, attention, grouped MoE GEMMs: small or low-intensity kernels reach a smaller share of peak, the behaviour
 roofline studies measure, e.g. Yuan et al., "LLM Inference Unveiled", 2024), FP4 math reaches ``fp4_efficiency`` of
 that (block-scale handling), and memory efficiency grows with the
-transfer size the same way. A step adds its collectives (ring / tree all-reduce, all-to-all, p2p; ``collectives``
+transfer size the same way.
+
+Grouped MoE GEMMs use eff = e_max x (rows + floor) / (rows + floor + rows_half), rows = routed rows per touched
+expert. The plain curve charges every touched expert a fixed rows_half / e_max rows' worth of compute however few
+rows it gets: fitted where the calibration data has MoE steps (5-1000 rows per expert) that is its shape, but at
+the 1-3 rows per expert of a big MoE model at high interactivity it made DeepSeek-R1's expert GEMMs compute-bound at
+3-7x their weight-read time. Engines run such steps with small-M kernels (vLLM's fused_moe picks BLOCK_SIZE_M = 16
+at small batch; swap-AB and DeepGEMM's masked low-latency kernels) that stream the experts' weights; with the floor,
+below ~floor rows the compute shrinks with the rows and the weight reads (the memory term) bound the kernel.
+``moe_rows_floor`` = 16 is that smallest tile (an assumption, not fitted: no calibration row has < 5 rows per
+expert); leave-one-model-out cross-validation measured it (README). A step adds its collectives (ring / tree all-reduce, all-to-all, p2p; ``collectives``
 below), overlapped with compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit in on-chip
 SRAM stream from it (placement: the step's resident bytes share the SRAM pro rata).
 
@@ -50,6 +60,10 @@ class ServingParams:
     attention_rows_half: float = quantity(default=64.0)
     moe_efficiency_max: float = quantity(default=0.6)
     moe_rows_half: float = quantity(default=64.0)
+    # rows per expert below which the grouped expert GEMMs stop paying the fitted small-M penalty as a fixed cost per
+    # expert (small-M tiles / weight streaming): their compute then shrinks with the rows and the weight reads bound
+    # them (module docstring; allow_zero: 0 is the plain curve)
+    moe_rows_floor: float = quantity(allow_zero=True, default=16.0)
     # block-scaled FP4 math (NVFP4 / MXFP4) reaches this share of the efficiency FP8 reaches at the same shape:
     # its scale factors are loaded and applied per 16 / 32-element block, and the doubled peak needs twice the
     # operand feed (1.0 = no discount; applies only where the chip has native FP4 math)
@@ -243,8 +257,10 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
                       jnp.where(kt.kind == KIND_ATTENTION, p.attention_efficiency_max, p.gemm_efficiency_max))
     half = jnp.where(kt.kind == KIND_MOE, p.moe_rows_half,
                      jnp.where(kt.kind == KIND_ATTENTION, p.attention_rows_half, p.gemm_rows_half))
-    # t / eff with eff = e_max rows / (rows + half), written so that a kernel without work costs exactly 0
-    t_compute = jnp.sum(flops_chip / rates, axis=1) / e_max * (1.0 + half / jnp.maximum(rows, 1e-6))
+    # t / eff with eff = e_max (rows + floor) / (rows + floor + half), written so that a kernel without work costs
+    # exactly 0; the floor is the grouped MoE kernels' only (module docstring), 0 for every other kind
+    floor = jnp.where(kt.kind == KIND_MOE, p.moe_rows_floor, 0.0)
+    t_compute = jnp.sum(flops_chip / rates, axis=1) / e_max * (1.0 + half / jnp.maximum(rows + floor, 1e-6))
     # bytes per chip
     kv_split = m.dp * jnp.minimum(m.tp, kt.kv_split_limit)
     weights = jnp.where(is_exp, touched / kt.num_experts * kt.expert_weight_bytes / n_stage, kt.weight_bytes / m.tp)

@@ -415,3 +415,31 @@ def test_padded_kernel_rows_change_nothing(kind):
         np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=1e-6, err_msg=key)
     with pytest.raises(ValueError):
         pad_kernels(kt, kt.num_kernels - 1)
+
+
+@pytest.mark.parametrize("batch", [1, 8, 64, 1024])
+def test_expert_compute_follows_the_floored_moe_curve_in_closed_form(batch):
+    """DeepSeek-R1's routed experts (models.md: 256 experts, 8 per token, hidden 7168, expert FFN 2048, SwiGLU:
+    3 matrices) on one FP8 chip: FLOPs = 2 x 3 x 7168 x 2048 x 8 per token, plus the gate-weighted sum of the 8
+    expert outputs (a [8] x [8, 7168] contraction: 2 x 8 x 7168); rows per touched expert = 8 B / (256 (1 -
+    (1 - 8/256)^B)); compute = FLOPs / (rate e_max) x (1 + half / (rows + floor)). And the floor's point: below ~floor
+    rows per expert the compute shrinks with the rows, so at batch 1 it is the floor-free curve's (1 + half /
+    (rows + floor)) / (1 + half / rows) share, far under it, while at 1024 sequences (32 rows) the two nearly agree."""
+    kt = table("deepseek_r1", "fp8")
+    i = kt.names.index("experts")
+    half, floor, e = 400.0, 16.0, 0.2
+    p = dataclasses.replace(IDEAL, moe_efficiency_max=e, moe_rows_half=half, moe_rows_floor=floor)
+    c = chip()
+    out = kernel_times(c, kt, p, Mapping(), decode_work(float(batch), 1024.0))
+    touched = 256 * (1 - (1 - 8 / 256) ** batch)
+    rows = 8 * batch / touched
+    flops = (2 * 3 * 7168 * 2048 * 8 + 2 * 8 * 7168) * batch
+    want = flops / (1979e12 * e) * (1 + half / (rows + floor))
+    assert float(out["t_compute"][i]) == pytest.approx(want, rel=1e-4)
+    plain = kernel_times(c, kt, dataclasses.replace(p, moe_rows_floor=0.0), Mapping(), decode_work(float(batch), 1024.0))
+    ratio = float(out["t_compute"][i]) / float(plain["t_compute"][i])
+    assert ratio == pytest.approx((1 + half / (rows + floor)) / (1 + half / rows), rel=1e-4)
+    assert ratio < 0.1 if batch == 1 else ratio < 1.0
+    # a dense GEMM's curve has no floor
+    j = kt.names.index("o_proj")
+    assert float(out["t_compute"][j]) == pytest.approx(float(plain["t_compute"][j]), rel=1e-6)
