@@ -30,7 +30,8 @@ from sweeps.runner import DesignSet, SharedInputs, init_ray, run_sweep
 from sweeps.store import SORT_KEYS, ResultStore, atomic_write_table
 
 # Bump when the evaluation changes what it computes for the same inputs: part of every sweep's identity.
-MODEL_VERSION = "serving-v2"  # v2: clock and HBM speed-bin axes in every design
+MODEL_VERSION = "serving-v3"  # v2: clock and HBM speed-bin axes in every design; v3: prefill lm_head on the
+# last position only, the grouped-MoE rows floor (serving/perf.py): stored rows of v2 are not reused
 MODEL_NOTE = ("kernel-level serving model over the traced operator graph (serving/serve.py) with the serving "
               "parameters of conf/serving (the default, calibrated.yaml, is fitted to measured_calibration.csv: see "
               "its median and p90 errors under Assumptions); differences between designs are more reliable than "
