@@ -265,7 +265,10 @@ def assumptions(meta: dict) -> list[list[str]]:
                         f"conf/serving/calibrated.yaml: fitted to {fit.get('data')} ({fit.get('rows')} rows, median "
                         f"|error| {fit.get('median_abs_error_pct')}%, p90 {fit.get('p90_abs_error_pct')}%)"])
         else:
-            out.append([f"serving.{k}", _fmt(v), "assumed", "conf/serving (serving-model parameter, not fitted)"])
+            why = (meta.get("serving_sources") or {}).get(k)
+            out.append([f"serving.{k}", _fmt(v), "assumed",
+                        f"conf/serving/default.yaml: {why}" if why else "conf/serving (serving-model parameter, "
+                                                                        "not fitted)"])
     return out
 
 

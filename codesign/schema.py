@@ -208,3 +208,24 @@ def load_study(cfg: dict, *, overridden: tuple[str, ...] = (), conf_dir: Path = 
         raw=cfg,
         mix=mix,
     )
+
+
+def yaml_comments(path: Path) -> dict[str, str]:
+    """The comment of each top-level ``key: value  # comment`` line of a YAML file, with the comment-only lines
+    indented under it appended (how conf/serving/default.yaml gives each assumed parameter its reasoning)."""
+    out: dict[str, str] = {}
+    key = None
+    for line in Path(path).read_text().splitlines():
+        body, _, comment = line.partition("#")
+        if body.strip() and not line[:1].isspace() and ":" in body:
+            key = body.split(":", 1)[0].strip()
+            if comment.strip():
+                out[key] = comment.strip()
+            continue
+        if key in out and not body.strip() and comment.strip() and line[:1].isspace():
+            # a word hyphenated across the line break joins without a space
+            out[key] += ("" if out[key].endswith("-") else " ") + comment.strip()
+        elif not line.strip() or not line[:1].isspace():
+            key = None
+    return out
+

@@ -20,9 +20,10 @@ import pyarrow.compute as pc
 
 from arch_space.chip import NUMERIC_FIELDS, stack
 from arch_space.design_space import AXES, derive_chips, design_ids
+from codesign.cli import CONF_DIR
 from codesign.recommend import headline_lines, recommend_from_meta
 from codesign.report import write_report
-from codesign.schema import Study
+from codesign.schema import Study, yaml_comments
 from serving.kernel_table import build_kernel_table
 from serving.mappings import enumerate_mappings, mapping_name
 from serving.serve import stack_mappings
@@ -32,6 +33,7 @@ from sweeps.store import SORT_KEYS, ResultStore, atomic_write_table
 # Bump when the evaluation changes what it computes for the same inputs: part of every sweep's identity.
 MODEL_VERSION = "serving-v3"  # v2: clock and HBM speed-bin axes in every design; v3: prefill lm_head on the
 # last position only, the grouped-MoE rows floor (serving/perf.py): stored rows of v2 are not reused
+SERVING_DEFAULTS = CONF_DIR / "serving" / "default.yaml"  # the starting point of every fit (codesign.calibrate)
 MODEL_NOTE = ("kernel-level serving model over the traced operator graph (serving/serve.py) with the serving "
               "parameters of conf/serving (the default, calibrated.yaml, is fitted to measured_calibration.csv: see "
               "its median and p90 errors under Assumptions); differences between designs are more reliable than "
@@ -124,6 +126,8 @@ def report_meta(study: Study) -> dict:
         "hardware_provenance": {f: dataclasses.asdict(p) for f, p in hw.provenance},
         "generations": {k: v for k, v in study.raw["generation"].items()},
         "serving": study.raw["serving"], "model_note": MODEL_NOTE, "config": study.raw,
+        # why each serving parameter that is not fitted has its value: the starting config's comments
+        "serving_sources": yaml_comments(SERVING_DEFAULTS),
         "mix": study.mix_weights, "workloads": [a.name for a in study.workloads],
         "objective": study.report.objective, "targets": list(study.report.interactivity_targets_tok_s_user),
         "top_k": study.report.top_k, "agent_chain_steps": study.report.agent_chain_steps,

@@ -128,3 +128,37 @@ def test_cli_prints_one_line_and_exits_nonzero(argv, expect, tmp_path):
     assert lines == [lines[0]] and lines[0].startswith(expect), proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert not (tmp_path / "results.parquet").exists()
+
+
+def test_yaml_comments_reads_each_key_and_its_continuation_lines(tmp_path):
+    from codesign.schema import yaml_comments
+
+    f = tmp_path / "x.yaml"
+    f.write_text("# header, no key\n"
+                 "a: 1.0   # first reason\n"
+                 "         # continued over a small-\n"
+                 "         # message line\n"
+                 "b: 2\n"
+                 "         # a comment under a key without one is not its reason\n"
+                 "c: [1, 2]  # list value\n"
+                 "d:\n"
+                 "  nested: 3  # nested keys are not top-level parameters\n"
+                 "\n"
+                 "# a free comment\n"
+                 "e: 4  # e's\n")
+    assert yaml_comments(f) == {"a": "first reason continued over a small-message line", "c": "list value",
+                                "e": "e's"}
+
+
+def test_every_serving_parameter_states_its_reason_in_the_starting_config():
+    """The brief: every number in a config has a source or is marked as an assumption with its reasoning. The
+    starting config's comments are also the report's source for the parameters a fit keeps (report_tables)."""
+    import dataclasses
+
+    from codesign.schema import yaml_comments
+    from codesign.study import SERVING_DEFAULTS
+    from serving.perf import ServingParams
+
+    reasons = yaml_comments(SERVING_DEFAULTS)
+    for f in dataclasses.fields(ServingParams):
+        assert len(reasons.get(f.name, "")) > 20, f"{f.name}: no reason in {SERVING_DEFAULTS}"

@@ -172,3 +172,17 @@ def test_report_command_rejects_bad_input_in_one_line(tmp_path):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("codesign.report: error: sweep: "), proc.stderr
         assert expect in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_assumed_serving_parameters_cite_the_starting_configs_reason():
+    meta = {"serving": {"moe_rows_floor": 16.0, "gemm_efficiency_max": 0.44, "attention_rows_half": 64.0,
+                        "fit": {"fitted": ["gemm_efficiency_max"], "data": "cal.csv", "rows": 3,
+                                "median_abs_error_pct": 8.0, "p90_abs_error_pct": 24.5}},
+            "serving_sources": {"moe_rows_floor": "smallest small-M tile (assumed)"}}
+    rows = {r[0]: r for r in report_tables.assumptions(meta)}
+    assert rows["serving.moe_rows_floor"][2:] == ["assumed", "conf/serving/default.yaml: smallest small-M tile "
+                                                              "(assumed)"]
+    assert rows["serving.gemm_efficiency_max"][2] == "fitted" and "cal.csv" in rows["serving.gemm_efficiency_max"][3]
+    # a stored run from before the sources were kept still renders, with the generic source
+    assert rows["serving.attention_rows_half"][2:] == ["assumed", "conf/serving (serving-model parameter, not "
+                                                                  "fitted)"]
