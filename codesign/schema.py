@@ -228,4 +228,3 @@ def yaml_comments(path: Path) -> dict[str, str]:
         elif not line.strip() or not line[:1].isspace():
             key = None
     return out
-
