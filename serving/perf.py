@@ -107,7 +107,7 @@ class ParamSet:
 
     ``unmeasured_family`` (a config key, null by default) makes a fitted family's set the one chips without their
     own use: how mature the software of a chip never measured will be is an assumption (cross-validation on the
-    calibration file: with AMD held out, the set fitted on NVIDIA put MI355X +160..+620% too high), and this is its
+    calibration file: with AMD held out, the set fitted on NVIDIA put MI355X +250..+880% too high), and this is its
     knob: ``serving.unmeasured_family=nvidia`` or ``=amd`` against the shared set in between."""
     shared: ServingParams
     families: tuple[tuple[str, ServingParams], ...] = ()
