@@ -28,15 +28,13 @@ from arch_space.errors import ConfigError
 from arch_space.validation import check_quantity
 from codesign.cli import CONF_DIR, entry, fail
 from codesign.fidelity import Predictor, read_reference, row_log_error
-from serving.perf import ServingParams
+from serving.perf import FRACTIONS, ServingParams
 from sweeps.store import atomic_write_text
 
 PROG = "codesign.calibrate"
 KEYS = ("serving", "reference", "output", "fit", "iterations", "learning_rate", "families", "family_penalty", "cv",
         "cv_output")
 CV_GROUPS = ("model", "hardware", "metric")  # leave-one-group-out: unseen models, unseen chips, unseen metrics
-FRACTIONS = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
-             "memory_efficiency_max", "link_efficiency", "comm_overlap", "hbm_reserve_fraction")
 DEFAULT_FIT = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
                "memory_efficiency_max", "gemm_rows_half", "moe_rows_half", "kernel_overhead_s",
                "collective_overhead_s", "step_overhead_s", "link_efficiency", "comm_overlap")

@@ -22,9 +22,9 @@ below ~floor rows the compute shrinks with the rows and the weight reads (the me
 ``moe_rows_floor`` = 16 is that smallest tile (an assumption, not fitted: no calibration row has < 5 rows per
 expert). With it the refit's median |error| went 10.8% -> 8.0% and leave-one-model-out 32.3% -> 27.5% (README).
 
-A step adds its collectives (ring / tree all-reduce, all-to-all, p2p; ``collectives``
-below), overlapped with compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit in on-chip
-SRAM stream from it (placement: the step's resident bytes share the SRAM pro rata).
+A step adds its collectives (ring / tree all-reduce, all-to-all, p2p; ``collectives`` below), overlapped with
+compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit in on-chip SRAM stream from it
+(placement: the step's resident bytes share the SRAM pro rata).
 
 Parallel mapping (vectorisable floats): ``tp`` tensor parallel inside an attention replica, ``dp`` attention data
 parallel replicas, ``ep`` expert parallel ranks over the tp x dp chips of a stage, ``pp`` pipeline stages.
@@ -48,9 +48,9 @@ from serving.kernel_table import GROUP_ATTENTION, GROUP_EXPERTS, KIND_ATTENTION,
     KernelTable
 from serving.precision import MATH_DTYPES
 
-_FRACTIONS = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
-              "memory_efficiency_max",
-              "link_efficiency", "comm_overlap", "hbm_reserve_fraction")
+# parameters that are fractions (validated <= 1; codesign.calibrate fits them through a logistic)
+FRACTIONS = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
+             "memory_efficiency_max", "link_efficiency", "comm_overlap", "hbm_reserve_fraction")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +84,7 @@ class ServingParams:
         # a calibrated file carries its fit report under `fit` (data, per-row errors) and per-vendor-family sets
         # under `families` (ParamSet below): neither is a parameter of this set
         p = build(cls, data, path, ignore=("fit", "families", "unmeasured_family"))
-        for f in _FRACTIONS:
+        for f in FRACTIONS:
             if getattr(p, f) > 1:
                 raise ConfigError(f"{path}.{f}", f"must be <= 1 (a fraction), got {getattr(p, f)}")
         return p
