@@ -40,14 +40,12 @@ over all ``L`` slots with the unfilled ones masked, so it traces with a traced `
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import jax
 import jax.numpy as jnp
 
 from serving.models.common import apply_rope, attention, deepseek_softmax_mscale, rms_norm, rope_frequencies
 from serving.models.moe import grouped_expert_ffn, route, swiglu_ffn
+from serving.models.params import const, materialize, normal
 
 
 def _linear(x, w):
@@ -60,41 +58,6 @@ def _write(layer_cache, latent, k_rope, start):
     return {name: jax.lax.dynamic_update_slice(layer_cache[name], value.astype(layer_cache[name].dtype),
                                                (0, start, 0))
             for name, value in (("latent", latent), ("k_rope", k_rope))}
-
-
-@dataclasses.dataclass(frozen=True)
-class ParamSpec:
-    """One parameter before it is drawn: ``N(0, std^2)`` when ``std`` is set, else the constant ``value``."""
-    shape: tuple[int, ...]
-    std: float | None = None
-    value: float = 0.0
-
-
-def normal(shape, fan_in) -> ParamSpec:
-    """A weight ``N(0, 1/fan_in)`` (activations stay O(1) through the tiny test models)."""
-    return ParamSpec(tuple(shape), std=float(fan_in) ** -0.5)
-
-
-def const(shape, value) -> ParamSpec:
-    return ParamSpec(tuple(shape), value=float(value))
-
-
-def materialize(specs, key, dtype):
-    """The arrays of a pytree of :class:`ParamSpec`. All random leaves are slices of *one* flat normal draw: one
-    RNG kernel to compile instead of one per distinct shape (which made small inits take tens of seconds on CPU).
-    Under ``jax.eval_shape`` nothing is drawn, at any size."""
-    leaves, treedef = jax.tree.flatten(specs, is_leaf=lambda x: isinstance(x, ParamSpec))
-    total = sum(math.prod(s.shape) for s in leaves if s.std is not None)
-    flat = jax.random.normal(key, (total,), jnp.float32)
-    out, offset = [], 0
-    for s in leaves:
-        if s.std is None:
-            out.append(jnp.full(s.shape, s.value, dtype))
-            continue
-        n = math.prod(s.shape)
-        out.append((jax.lax.slice(flat, (offset,), (offset + n,)).reshape(s.shape) * s.std).astype(dtype))
-        offset += n
-    return treedef.unflatten(out)
 
 
 def _in(scope: str, name: str) -> str:
@@ -159,7 +122,7 @@ class MLATransformer:
         return layer
 
     def param_specs(self) -> dict:
-        """The parameter tree as :class:`ParamSpec` leaves (shapes and init distributions)."""
+        """The parameter tree as :class:`~serving.models.params.ParamSpec` leaves (shapes and init distributions)."""
         a = self.arch
         h, V = a.hidden_size, a.vocab_size
         specs = {"embed": normal((V, h), 1)}

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from serving.models.common import apply_rope
-from serving.models.mla import ParamSpec, const, materialize, normal
+from serving.models.params import ParamSpec, const, materialize, normal
 
 LN_EPS = 1e-5
 ROPE_THETA = 10000.0
@@ -73,7 +73,7 @@ class VisionEncoder:
             raise ValueError(f"2D RoPE needs head_dim divisible by 4, got {self.head_dim}")
 
     def param_specs(self) -> dict:
-        """The ``params["vision"]`` tree as :class:`~serving.models.mla.ParamSpec` leaves."""
+        """The ``params["vision"]`` tree as :class:`~serving.models.params.ParamSpec` leaves."""
         vt = self.vt
         d, m, C, p = vt.hidden_size, vt.intermediate_size, vt.in_channels, vt.patch_size
 
