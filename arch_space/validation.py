@@ -177,3 +177,18 @@ def check_quantities(values, path: str, *, integer: bool = False, minimum: float
             raise ConfigError(f"{path}[{i}]", f"must be >= {minimum:g}, got {v!r}")
         out.append(q)
     return tuple(out)
+
+
+def check_names(values, path: str, *, what: str = "name") -> tuple[str, ...]:
+    """A non-empty list of distinct, non-empty strings (mapping names, parameter names...). A bare string is refused
+    rather than read as a list of its characters."""
+    if not isinstance(values, (list, tuple)):
+        raise ConfigError(path, f"expected a list of {what}s, got {values!r}")
+    if not values:
+        raise ConfigError(path, f"needs at least one {what}")
+    for i, v in enumerate(values):
+        if not isinstance(v, str) or not v:
+            raise ConfigError(f"{path}[{i}]", f"expected a {what}, got {v!r}")
+        if v in values[:i]:
+            raise ConfigError(f"{path}[{i}]", f"{v!r} is listed twice")
+    return tuple(values)

@@ -25,8 +25,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from arch_space.errors import ConfigError
-from arch_space.validation import check_quantity
-from codesign.cli import CONF_DIR, entry, fail
+from arch_space.validation import check_names, check_quantity
+from codesign.cli import CONF_DIR, entry, fail, output_path
 from codesign.fidelity import Predictor, read_reference, row_log_error
 from serving.perf import FRACTIONS, ServingParams
 from sweeps.store import atomic_write_text
@@ -185,7 +185,7 @@ def _validate(cfg: dict, overridden=()):
             raise ConfigError(k, f"unknown key (known: {', '.join(KEYS)})")
     base = ServingParams.from_dict(cfg["serving"], "serving")
     names = {f.name for f in dataclasses.fields(ServingParams)}
-    fields = tuple(cfg["fit"] or DEFAULT_FIT)
+    fields = DEFAULT_FIT if cfg["fit"] is None else check_names(cfg["fit"], "fit", what="serving parameter name")
     for i, f in enumerate(fields):
         if f not in names:
             raise ConfigError(f"fit[{i}]", f"unknown serving parameter {f!r} (known: {', '.join(sorted(names))})")
@@ -195,23 +195,23 @@ def _validate(cfg: dict, overridden=()):
         raise ConfigError("families", f"expected true (one set per vendor family) or false (one set), "
                                       f"got {cfg['families']!r}")
     penalty = check_quantity(cfg["family_penalty"], "family_penalty", allow_zero=True)
-    from codesign.validate import DEFAULT_REFERENCE
+    from codesign.validate import reference_file
 
-    ref = Path(cfg["reference"]) if cfg["reference"] else DEFAULT_REFERENCE
+    ref = reference_file(cfg["reference"])
     predictor = Predictor(CONF_DIR)
     rows, specs = read_reference(ref, predictor.models, predictor.hardware)
     missing = [s.row_id for s in specs if s.value is None]
     if missing:
         raise ConfigError(str(ref), f"rows without a measured value cannot be fitted: {', '.join(missing[:5])}")
-    out = Path(cfg["output"]) if cfg["output"] else CONF_DIR / "serving" / "calibrated.yaml"
+    # null: the default calibration file; an empty string is refused (it once meant that file too, silently)
+    out = CONF_DIR / "serving" / "calibrated.yaml" if cfg["output"] is None else output_path(cfg["output"], "output")
     cv = cfg["cv"]
     if cv is not None:
         if cv not in CV_GROUPS:
             raise ConfigError("cv", f"expected null or one of {', '.join(CV_GROUPS)}, got {cv!r}")
         if len({getattr(s, cv) for s in specs}) < 2:
             raise ConfigError("cv", f"the reference file has one {cv} only: nothing to hold out")
-        if not isinstance(cfg["cv_output"], str) or not cfg["cv_output"]:
-            raise ConfigError("cv_output", f"expected a file path, got {cfg['cv_output']!r}")
+        output_path(cfg["cv_output"], "cv_output")
     return base, fields, iterations, lr, ref, predictor, rows, specs, out, cfg["families"], penalty
 
 

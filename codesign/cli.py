@@ -112,3 +112,20 @@ def entry(prog: str, config_name: str, validate: Callable, hydra_main: Callable)
     except ConfigError as err:
         fail(prog, err)
     hydra_main()
+
+
+def output_path(value, field: str, *, directory: bool = False) -> Path:
+    """The path an output goes to, checked before any work starts: a non-empty string, not an existing entry of the
+    other kind (a file where a directory goes or the reverse), under a parent that is (or can be made) a directory.
+    A command that finds its output unwritable only after minutes of work has wasted them."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(field, f"expected a {'directory' if directory else 'file'} path, got {value!r}")
+    path = Path(value).expanduser()
+    if path.exists() and path.is_dir() != directory:
+        raise ConfigError(field, f"{value!r} is an existing {'file' if directory else 'directory'}")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(field, f"{value!r} lies under {str(parent)!r}, which is a file")
+    return path

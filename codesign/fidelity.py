@@ -129,14 +129,25 @@ def row_spec(row: dict, line: int, known_models, known_hardware) -> RowSpec:
 def read_reference(path: Path, known_models, known_hardware) -> tuple[list[dict], list[RowSpec]]:
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(str(path), f"cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(str(path), f"not UTF-8 text (byte {err.start}: {err.object[err.start:err.start + 1]!r}); "
+                                     f"a reference file is a UTF-8 CSV") from None
     reader = csv.DictReader(text.splitlines())
     missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
     if missing:
         raise ConfigError(str(path), f"missing column(s): {', '.join(missing)} (schema: {', '.join(COLUMNS)})")
     rows = list(reader)
+    if not rows:
+        raise ConfigError(str(path), "has a header but no rows")
+    seen: dict = {}
+    for i, r in enumerate(rows):
+        if r["id"] in seen:
+            raise ConfigError(f"{path} row {i + 2}", f"id {r['id']!r} repeats row {seen[r['id']]} (ids name rows in "
+                                                    f"the output and the calibration file: they must be unique)")
+        seen[r["id"]] = i + 2
     specs = [row_spec(r, i + 2, known_models, known_hardware) for i, r in enumerate(rows)]
     return rows, specs
 

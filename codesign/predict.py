@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from arch_space.chip import stack
 from arch_space.errors import ConfigError
+from arch_space.validation import check_names
 from codesign.cli import CONF_DIR, entry, fail, overridden_keys
 from codesign.frontier import pareto_frontier
 from codesign.schema import load_workload
@@ -55,7 +56,7 @@ def _validate(cfg: dict, overridden=()):
     maps = enumerate_mappings(arch, scenario.max_chips)
     if cfg["mappings"] is not None:
         by = {mapping_name(m): m for m in maps}
-        for i, n in enumerate(cfg["mappings"]):
+        for i, n in enumerate(check_names(cfg["mappings"], "mappings", what="mapping name")):
             if n not in by:
                 raise ConfigError(f"mappings[{i}]", f"unknown mapping {n!r} (known: {', '.join(by)})")
         maps = [by[n] for n in cfg["mappings"]]

@@ -17,7 +17,7 @@ from arch_space.chip import Chip
 from arch_space.design_space import DesignSpace
 from arch_space.errors import ConfigError
 from arch_space.technology import Generation
-from arch_space.validation import build, check_quantities, check_quantity, choice, quantity
+from arch_space.validation import build, check_names, check_quantities, check_quantity, choice, quantity
 from serving.architecture import ModelArchitecture
 from serving.precision import Precision
 from serving.perf import ParamSet, ServingParams
@@ -57,6 +57,10 @@ class SweepConfig:
                                                 or ":" in cfg.ray_address):
             raise ConfigError(f"{path}.ray_address", f"expected null, 'auto', 'ray://host:port' or 'host:port', "
                                                      f"got {cfg.ray_address!r}")
+        if cfg.mappings is not None:
+            check_names(list(cfg.mappings), f"{path}.mappings", what="mapping name")  # [] would sweep nothing
+        if Path(cfg.output_dir).expanduser().is_file():
+            raise ConfigError(f"{path}.output_dir", f"{cfg.output_dir!r} is an existing file, not a directory")
         return cfg
 
 

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from arch_space.errors import ConfigError
 from arch_space.validation import check_quantity
-from codesign.cli import CONF_DIR, entry, fail
+from codesign.cli import CONF_DIR, entry, fail, output_path
 from codesign.fidelity import COLUMNS, Predictor, read_reference
 from serving.perf import ParamSet
 from sweeps.store import atomic_write_text
@@ -38,13 +38,21 @@ def _validate(cfg: dict, overridden=()):
         if k not in KEYS:
             raise ConfigError(k, f"unknown key (known: {', '.join(KEYS)})")
     params = ParamSet.from_dict(cfg["serving"], "serving")  # per vendor family where the file has families
-    ref = Path(cfg["reference"]) if cfg["reference"] else DEFAULT_REFERENCE
-    if not isinstance(cfg["output"], str) or not cfg["output"]:
-        raise ConfigError("output", f"expected a file path, got {cfg['output']!r}")
+    ref = reference_file(cfg["reference"])
+    out = output_path(cfg["output"], "output")
     check_quantity(cfg["worst"], "worst", integer=True)
     predictor = Predictor(CONF_DIR)
     rows, specs = read_reference(ref, predictor.models, predictor.hardware)  # validates every row up front
-    return params, ref, Path(cfg["output"]), int(cfg["worst"]), predictor, rows, specs
+    return params, ref, out, int(cfg["worst"]), predictor, rows, specs
+
+
+def reference_file(value) -> Path:
+    """The ``reference=`` file: a path, or null for the shared calibration file."""
+    if value is None:
+        return DEFAULT_REFERENCE
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError("reference", f"expected a path to a reference CSV, or null, got {value!r}")
+    return Path(value).expanduser()
 
 
 def validate_rows(predictor: Predictor, params, rows, specs) -> list[dict]:

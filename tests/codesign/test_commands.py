@@ -39,6 +39,17 @@ def test_describe_from_a_hugging_face_config(tmp_path):
     ("codesign.bench", ["suite=gpus"], "suite: must be one of serving, sweeps, validate, got 'gpus'"),
     ("codesign.predict", ["serving.unmeasured_family=intel"],
      "serving.unmeasured_family: no fitted family 'intel' (fitted: amd, nvidia; null: the shared set)"),
+    # a bare string or number where a list goes was once iterated character by character (or a TypeError)
+    ("codesign.predict", ["mappings=tp4"], "mappings: expected a list of mapping names, got 'tp4'"),
+    ("codesign.predict", ["mappings=5"], "mappings: expected a list of mapping names, got 5"),
+    ("codesign.predict", ["mappings=[tp4,tp4]"], "mappings[1]: 'tp4' is listed twice"),
+    ("codesign.calibrate", ["fit=gemm_efficiency_max"], "fit: expected a list of serving parameter names, got"),
+    # an empty output once meant conf/serving/calibrated.yaml, a tracked file, silently
+    ("codesign.calibrate", ["output="], "output: expected a file path, got ''"),
+    # output paths are checked before the work, not after it
+    ("codesign.validate", ["output=/"], "output: '/' is an existing directory"),
+    ("codesign.validate", [f"output={__file__}/out.csv"], f"lies under '{__file__}', which is a file"),
+    ("codesign.validate", ["reference=5"], "reference: expected a path to a reference CSV, or null, got 5"),
 ])
 def test_commands_reject_bad_input_in_one_line(module, argv, expect):
     proc = run(module, *argv)

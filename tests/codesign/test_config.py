@@ -93,6 +93,8 @@ def check(argv):
     (["scenario.kind=open_loop"], "scenario.kind: must be one of closed_loop, offline, disaggregated, agentic, got"),
     (["scenario.acceptance_rate=1.2"], "scenario.acceptance_rate: must be < 1, got 1.2"),
     (["sweep.mappings=[tp1,tp3]"], "sweep.mappings[1]: unknown mapping 'tp3'"),
+    (["sweep.mappings=[]"], "sweep.mappings: needs at least one mapping name"),
+    ([f"sweep.output_dir={__file__}"], f"sweep.output_dir: '{__file__}' is an existing file, not a directory"),
     (["sweep.num_workers=two"], "sweep.num_workers: expected a number, got 'two'"),
     (["sweep.batch_size=0"], "sweep.batch_size: must be > 0, got 0"),
     (["competitors=[b200,h900]"], "competitors[1]: unknown hardware preset 'h900'"),

@@ -114,6 +114,25 @@ def test_malformed_reference_is_one_clear_error_naming_the_row(tmp_path, edit, e
     assert expect in str(ei.value) and "\n" not in str(ei.value)
 
 
+@pytest.mark.parametrize("content,expect", [
+    (b"id,model\n\xff\xfe\n", "not UTF-8 text (byte 9: b'\\xff')"),
+    (None, "has a header but no rows"),
+    ("dup", "row 3: id 'syn-0' repeats row 2"),
+])
+def test_a_reference_file_that_is_not_a_table_of_distinct_rows_is_one_clear_error(tmp_path, content, expect):
+    path = tmp_path / "bad.csv"
+    if content is None:
+        path.write_text(",".join(COLUMNS) + "\n")
+    elif content == "dup":
+        write_rows(path, [row(0), row(0)])
+    else:
+        path.write_bytes(content)
+    predictor = Predictor(CONF_DIR)
+    with pytest.raises(ConfigError) as ei:
+        read_reference(path, predictor.models, predictor.hardware)
+    assert expect in str(ei.value) and "\n" not in str(ei.value)
+
+
 def test_validate_command_rejects_a_bad_file_in_one_line(tmp_path):
     path = write_rows(tmp_path / "bad.csv", [row(0, model="gpt5")])
     proc = subprocess.run([sys.executable, "-m", "codesign.validate", f"reference={path}",
