@@ -102,6 +102,11 @@ def fit_device(plan, dtype, free_bytes: float):
             return capped, [f"routed experts capped {arch.num_experts} -> {e} per MoE layer to fit "
                             f"{MEMORY_HEADROOM:.0%} of the device's {free_bytes / gib:.1f} GiB free memory "
                             f"(prediction and measurement both use {e})"]
-    raise ConfigError("layers", f"{arch.name} at {arch.num_layers} layers needs ~{need / gib:.1f} GiB "
-                                f"({p / gib:.1f} GiB of weights), the device has {free_bytes / gib:.1f} GiB free: "
-                                f"lower layers=, vocab= or experts=")
+    if p > budget / 2:  # the weights are the problem
+        raise ConfigError("layers", f"{arch.name} at {arch.num_layers} layers needs ~{need / gib:.1f} GiB "
+                                    f"({p / gib:.1f} GiB of weights), the device has {free_bytes / gib:.1f} GiB "
+                                    f"free: lower layers=, vocab= or experts=")
+    raise ConfigError("batch", f"{arch.name} at batch {list(plan.batches)}, context {plan.context} and "
+                               f"prefill_tokens {plan.prefill_tokens} needs ~{need / gib:.1f} GiB (of which "
+                               f"{p / gib:.1f} GiB weights), the device has {free_bytes / gib:.1f} GiB free: lower "
+                               f"batch=, context= or prefill_tokens=")

@@ -4,12 +4,14 @@ steps with the KV cache donated, every kernel of a step timed on its own, and th
 MoE experts (``moe_impl``): the model code multiplies the routed experts with ``jax.lax.ragged_dot``. On XLA:CPU
 (JAX 0.10) that primitive is lowered to a dense matmul over *all* E experts with a masked [E, rows, h] left operand,
 i.e. E times the FLOPs and every expert's weights read for every row; the serving model (like vLLM / MegaBlocks
-fused-MoE kernels) assumes a grouped GEMM over the touched experts. ``moe_impl=grouped`` (default) runs the same
+fused-MoE kernels) assumes a grouped GEMM over the touched experts. ``moe_impl=grouped`` (what ``auto`` picks on CPUs) runs the same
 model code with ``jax.lax.ragged_dot`` replaced, for the executed steps only, by :func:`grouped_ragged_dot`, which
 multiplies each expert's rows by that expert's matrix tile by tile inside a ``while`` loop (same results; the
 kernel table is always traced from the unmodified model). XLA:CPU copies each dynamically indexed expert matrix
 before its dot, so the grouped kernel streams a touched expert at about half the GEMV rate (the ``expert-slice``
-micro-benchmark line); ``moe_impl=native`` keeps the backend's own lowering.
+micro-benchmark line); ``moe_impl=native`` (``auto`` off the CPU: XLA:GPU lowers ragged_dot to a grouped GEMM,
+where the loop's run-time trip count would make the device wait on the host every iteration) keeps the backend's
+own lowering.
 """
 
 from __future__ import annotations

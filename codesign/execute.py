@@ -122,7 +122,7 @@ def _validate(cfg: dict, overridden=()) -> Plan:
     repeats = _int(cfg, "repeats")
     warmup = _int(cfg, "warmup", allow_zero=True)
     seed = _int(cfg, "seed", allow_zero=True)
-    for key, options in (("exec_dtype", EXEC_DTYPES), ("moe_impl", ("grouped", "native")),
+    for key, options in (("exec_dtype", EXEC_DTYPES), ("moe_impl", ("auto", "grouped", "native")),
                          ("params", PARAM_MODES), ("format", ("table", "json")), ("stat", STATS)):
         if cfg[key] not in options:
             raise ConfigError(key, f"must be one of {', '.join(options)}, got {cfg[key]!r}")
@@ -225,6 +225,8 @@ def execute(plan: Plan) -> dict:
     notes = list(plan.notes)
     if dtype_name == "bfloat16" and info["platform"] == "cpu":
         notes.append("bfloat16 on XLA:CPU: matmuls are emulated and slow (exec_dtype=float32 is the CPU choice)")
+    if info.get("memory_source", "").startswith("unknown"):
+        notes.append(f"device memory {info['memory_source']}: the reduced model was not checked against it")
     arch, fit_notes = fit_device(plan, dtype, info["free_memory_bytes"])
     notes += fit_notes
     mb = microbenchmarks(dtype_name, info, plan.bench, sweep_rows(plan.batches, plan.prefill_tokens),
@@ -246,8 +248,13 @@ def execute(plan: Plan) -> dict:
                                 prefill_requests=0.0, prefill_len=0.0)) for b in plan.batches]
     works.append(("prefill", plan.prefill_tokens, Work(decode_tokens=0.0, decode_queries=1.0, context=0.0,
                                                        prefill_requests=1.0, prefill_len=float(plan.prefill_tokens))))
+    # auto: the grouped loop only where the backend's own ragged_dot is a dense masked matmul (XLA:CPU); on a GPU
+    # ragged_dot lowers to a native grouped GEMM, and the loop (a trip count known only at run time) would make the
+    # device wait on the host every iteration
+    moe_impl = (("grouped" if info["platform"] == "cpu" else "native") if plan.moe_impl == "auto"
+                else plan.moe_impl)
     steps = []
-    with moe_kernel(plan.moe_impl if arch.num_experts else "native"):
+    with moe_kernel(moe_impl if arch.num_experts else "native"):
         for i, (phase, n, work) in enumerate(works):
             sub = jax.random.fold_in(key, 1 + i)
             m = (measure_decode(model, params, n, plan.context, dtype, plan, sub) if phase == "decode"
@@ -259,7 +266,7 @@ def execute(plan: Plan) -> dict:
             row = _merge(m, predict_step(chip, kt, sp, work), others)
             row["serving_params"] = dataclasses.asdict(sp)
             steps.append(row)
-    if arch.num_experts and plan.moe_impl == "native" and info["platform"] == "cpu":
+    if arch.num_experts and moe_impl == "native" and info["platform"] == "cpu":
         notes.append("moe_impl=native: XLA:CPU lowers ragged_dot to a dense masked matmul over all experts")
     if plan.kernels:
         notes.append("per-kernel times are each kernel jitted alone (one dispatch each, no cross-kernel fusion); "
@@ -271,7 +278,7 @@ def execute(plan: Plan) -> dict:
         "vocab": arch.vocab_size, "experts": arch.num_experts,
         "layer_kinds": [f"{k.attention}/{k.ffn}" for k in arch.layer_kinds()],
         "exec_dtype": dtype_name, "precision": precision.name,
-        "moe_impl": plan.moe_impl if arch.num_experts else None,
+        "moe_impl": moe_impl if arch.num_experts else None,
         "device": info, "microbenchmarks": mb, "gemm_fits": fits, "chip": chip.to_dict(),
         "serving_params_mode": plan.params_mode, "serving_params_sources": params_for(plan.params_mode, "run")[1],
         "repeats": plan.repeats, "warmup": plan.warmup, "stat": plan.stat,

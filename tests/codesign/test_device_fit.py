@@ -84,3 +84,14 @@ def test_fit_device_refuses_when_nothing_fits_or_the_user_fixed_the_experts():
     _, need_full = _footprint(arch, jnp.float32, (2,), 64, 32)
     with pytest.raises(ConfigError):  # experts= given: the command never overrides the user's choice
         fit_device(plan(arch, experts_set=True), jnp.float32, need_full / 2 / MEMORY_HEADROOM)
+
+
+def test_fit_device_blames_the_batch_when_the_weights_fit_but_the_cache_does_not():
+    arch, _ = reduce_arch(preset("llama3_8b"), 1, vocab=1024)
+    big = types.SimpleNamespace(arch=arch, batches=(4096,), context=8192, prefill_tokens=32, experts_set=False)
+    weights, need = _footprint(arch, jnp.float32, (4096,), 8192, 32)
+    kv = 4096 * 8193 * 2 * arch.num_kv_heads * arch.head_dim * 4.0  # K and V, float32, one layer
+    assert need > 3 * kv > 100 * weights  # the closed-form cache dwarfs the weights (x3: the timing's copies)
+    with pytest.raises(ConfigError) as err:
+        fit_device(big, jnp.float32, free_bytes=need / 2)
+    assert err.value.path == "batch" and "lower batch=, context= or prefill_tokens=" in str(err.value)
