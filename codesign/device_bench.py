@@ -149,6 +149,26 @@ def wall_samples(fn, args, repeats: int, warmup: int = 1, fresh=None) -> np.ndar
     return np.asarray([once() for _ in range(repeats)])
 
 
+def pipelined_samples(fn, args, repeats: int, warmup: int = 1, fresh=None, rounds: int = 3) -> np.ndarray:
+    """Per-run wall times of ``fn(*args)`` issued ``repeats`` times back to back and blocked once (``rounds``
+    samples, each the round's time / ``repeats``). A GPU runs a queue of launches without waiting for the host,
+    so this is the kernel's own time; :func:`wall_samples` adds a host round trip (10-40 us) to every run, which is
+    most of a microsecond-scale kernel's time on a GPU. Not for XLA:CPU, whose dispatch may run independent
+    calls concurrently. ``fresh`` prepares every run's arguments before the round (donated buffers)."""
+    import jax
+
+    for _ in range(1 + warmup):
+        jax.block_until_ready(fn(*(fresh(args) if fresh else args)))
+    out = []
+    for _ in range(rounds):
+        sets = [fresh(args) if fresh else args for _ in range(repeats)]
+        jax.block_until_ready(sets)
+        t0 = time.perf_counter()
+        jax.block_until_ready([fn(*a) for a in sets])
+        out.append((time.perf_counter() - t0) / repeats)
+    return np.asarray(out)
+
+
 STATS = ("median", "min")
 
 

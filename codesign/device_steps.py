@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from codesign.device_bench import statistic, timed, wall_samples
+from codesign.device_bench import pipelined_samples, statistic, timed, wall_samples
 
 if TYPE_CHECKING:
     from codesign.execute import Plan
@@ -137,11 +137,16 @@ def _runs(closed):
     return out
 
 
-def time_kernels(fn, args, repeats: int, warmup: int, stat: str = "median") -> dict:
+def time_kernels(fn, args, repeats: int, warmup: int, stat: str = "median", pipelined: bool | None = None) -> dict:
     """Every kernel of the step ``fn(*args)`` jitted and timed on its own, on the step's own intermediate values:
-    {kernel name: seconds} (a kernel cut into several runs sums them)."""
+    {kernel name: seconds} (a kernel cut into several runs sums them). ``pipelined`` (default: off the CPU) times
+    ``repeats`` runs issued back to back (:func:`~codesign.device_bench.pipelined_samples`) instead of one
+    host-blocked run at a time."""
     import jax
     import jax.numpy as jnp
+
+    if pipelined is None:
+        pipelined = jax.default_backend() != "cpu"
 
     with jax.disable_jit():  # inline the models' jitted decoder blocks: kernels are cut from one flat jaxpr
         closed = jax.make_jaxpr(fn)(*args)
@@ -156,7 +161,9 @@ def time_kernels(fn, args, repeats: int, warmup: int, stat: str = "median") -> d
         copies = (lambda a: [jnp.copy(x) if i in donate else x for i, x in enumerate(a)]) if donate else None
         first = jitted(*(copies(vals) if copies else vals))
         env.update(zip(outs, first))
-        times[name] = times.get(name, 0.0) + timed(jitted, vals, repeats, warmup, fresh=copies, stat=stat)
+        t = (statistic(pipelined_samples(jitted, vals, repeats, warmup, fresh=copies), stat) if pipelined
+             else timed(jitted, vals, repeats, warmup, fresh=copies, stat=stat))
+        times[name] = times.get(name, 0.0) + t
         del first
     return times
 
