@@ -9,6 +9,11 @@ per chip, per kW of rating and $ per million tokens (presets: rental price; swee
 the throughput-versus-interactivity frontier plot ``frontier.png`` and the evaluated rows ``results.parquet``
 under ``output`` (default ``compare/`` in the working directory) and prints where. ``format=json`` prints one JSON
 object instead of the tables. As for ``codesign.report``, ``sweep=`` is read into the config key ``sweep_dir``.
+
+The output location is checked before any modelling, and the two files appear together or not at all
+(:func:`codesign.report_output.write_files`). A sweep design's chip is rebuilt through the chip's own checks
+(:meth:`arch_space.chip.Chip.from_dict`), so a corrupt ``chip_*`` figure is one error line naming the design and
+the column.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from arch_space.errors import ConfigError
 from codesign.cli import CONF_DIR, entry, fail, overridden_keys
+from codesign.report_output import check_output, write_files
 
 PROG = "codesign.compare"
+OUTPUT_FILES = ("frontier.png", "results.parquet")
 KEYS = ("designs", "workloads", "precision", "scenario", "serving", "sweep_dir", "targets", "output", "format")
 
 
@@ -88,14 +95,36 @@ class SweepDesigns:
         return pre[0] if len(pre) == 1 else None
 
 
-def _sweep_chip(row: dict):
+def _sweep_chip(row: dict, source="results.parquet"):
+    """The Chip of a stored design, from its row's ``chip_*`` columns, checked as a preset is
+    (:meth:`Chip.from_dict`: required figures finite and > 0, optional ones unknown when stored as 0, idle power
+    below the rating...). A design infeasible by construction (no row of it has a mapping) may have zero figures
+    (no usable area, so no math or SRAM): its figures need only be finite and >= 0. A bad figure is
+    ConfigError("sweep", "design ID in SOURCE: chip_FIELD: ...")."""
     from arch_space.chip import NUMERIC_FIELDS, Chip
+    from arch_space.validation import check_quantity
 
-    vals = {}
+    did, name = str(row["design_id"]), str(row.get("name") or row["design_id"])
+    where = f"design {did} in {str(source)!r}"
+    raw = {}
     for f in NUMERIC_FIELDS:
         v = row.get(f"chip_{f}")
-        vals[f] = float(v) if v is not None and math.isfinite(float(v)) else 0.0
-    return Chip(**vals, name=str(row.get("name") or row["design_id"]), vendor="sweep")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = float(v)
+        raw[f] = v
+    try:
+        if row.get("_design_reason"):
+            vals = {f: check_quantity(v, f, optional=True, allow_zero=True) for f, v in raw.items()}
+            return Chip(**{f: 0.0 if v is None else float(v) for f, v in vals.items()}, name=name, vendor="sweep")
+        data = {f: (None if v == 0.0 and not NUMERIC_FIELDS[f][0] else v) for f, v in raw.items()}
+        prov = {"kind": "derived", "source": f"{where} (chip_* columns)"}
+        data |= {"name": name, "vendor": "sweep",
+                 "provenance": {f: prov for f, v in data.items() if isinstance(v, float)}}
+        chip = Chip.from_dict(data, "chip")
+    except ConfigError as err:
+        field = err.path.split(".", 1)[1] if err.path.startswith("chip.") else err.path
+        raise ConfigError("sweep", f"{where}: chip_{field}: {err.detail}") from None
+    return chip
 
 
 def _validate(cfg: dict, overridden=()):
@@ -116,6 +145,7 @@ def _validate(cfg: dict, overridden=()):
     out = cfg.get("output")
     if not isinstance(out, str) or not out:
         raise ConfigError("output", f"expected a directory path, got {out!r}")
+    check_output(out, OUTPUT_FILES)
     targets = _as_list(cfg.get("targets"), "targets")
     for i, t in enumerate(targets):
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0 or not math.isfinite(t):
@@ -142,7 +172,7 @@ def _validate(cfg: dict, overridden=()):
             designs.append((name, load_hardware_preset(name, path), "preset", None))
         elif sweep is not None and sweep.find(name) is not None:
             did = sweep.find(name)
-            designs.append((did, _sweep_chip(sweep.rows[did]), "sweep", sweep.rows[did]))
+            designs.append((did, _sweep_chip(sweep.rows[did], sweep.path), "sweep", sweep.rows[did]))
         elif sweep is not None:
             raise ConfigError(path, f"unknown design {name!r}: neither a hardware preset (known: "
                                     f"{', '.join(known_hw)}) nor a design id, name or unique id prefix of "
@@ -291,9 +321,12 @@ def _clean(v):
 
 
 def run(args: dict) -> dict:
+    """Evaluate, summarise and write frontier.png and results.parquet under ``args["output"]`` (checked first; the
+    two files appear together or not at all)."""
     from codesign.plotting import plt
-    from sweeps.store import atomic_write_bytes, atomic_write_table
+    from sweeps.store import atomic_write_table
 
+    out_dir = check_output(args["output"], OUTPUT_FILES).resolve()
     table = evaluate(args)
     values = summarise(table, args)
     reasons: dict[str, dict[str, str]] = {}  # workload -> design -> why it has no feasible point
@@ -305,16 +338,14 @@ def run(args: dict) -> dict:
         else:
             reasons.setdefault(w, {}).setdefault(d, why or "infeasible")
     reasons = {w: {d: why for d, why in r.items() if (w, d) not in feasible_pairs} for w, r in reasons.items()}
-    out_dir = Path(args["output"]).expanduser().resolve()
     fig = frontier_plot(table, args)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    figure = out_dir / "frontier.png"
-    atomic_write_bytes(figure, buf.getvalue())
-    rows = out_dir / "results.parquet"
-    atomic_write_table(table, rows)
-    return {"table": table, "values": values, "reasons": reasons, "figure": figure, "results": rows}
+    written = write_files(out_dir, {"frontier.png": buf.getvalue(),
+                                    "results.parquet": lambda path: atomic_write_table(table, path)})
+    return {"table": table, "values": values, "reasons": reasons, "figure": written["frontier.png"],
+            "results": written["results.parquet"]}
 
 
 def to_json(args: dict, result: dict) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from codesign.frontier import GAIN_METRICS, DesignSummary, design_values
+from codesign.report_settings import settings_from_meta
 
 COST_NOTE = ("tokens per $ = 1e6 / ($ per M tokens) at the matched point; presets' $ are rental prices "
              "(chip_rental_usd_per_s) while candidates' are owned TCO (capex over its life plus energy), so "
@@ -256,25 +257,6 @@ def recommend(table: pa.Table, objective: str, targets, top_k: int, *, mix: dict
                           unreachable=unreachable, mix=weights, workloads=workloads, pareto=pareto, robust=robust,
                           reference=reference, designs=designs, summaries=summaries, chain_steps=int(chain_steps),
                           top_k=int(top_k), notes=notes)
-
-
-def settings_from_meta(meta: dict) -> dict:
-    """objective, targets, top_k, mix, chain_steps, headline_target and dpi for a report, from the study's meta:
-    its own keys first, then the study's config (``config.report``, ``config.scenario``), then defaults."""
-    cfg = meta.get("config") or {}
-    rep = cfg.get("report") or {}
-    scen = cfg.get("scenario") or {}
-    targets = meta.get("targets") or rep.get("interactivity_targets_tok_s_user") or (50.0, 100.0, 200.0)
-    steps = meta.get("agent_chain_steps") or rep.get("agent_chain_steps") or scen.get("chain_steps") or 1
-    return {
-        "objective": meta.get("objective") or rep.get("objective") or "total_tok_s_per_kw",
-        "targets": tuple(float(t) for t in targets),
-        "top_k": int(meta.get("top_k") or rep.get("top_k") or 5),
-        "mix": meta.get("mix") or cfg.get("mix") or None,
-        "chain_steps": int(steps),
-        "headline_target": meta.get("headline_target") or rep.get("headline_target"),
-        "dpi": int(rep.get("dpi") or 110),
-    }
 
 
 def recommend_from_meta(table: pa.Table, meta: dict) -> Recommendation:

@@ -9,6 +9,9 @@ snapshot plus what the main job computed), selects the recommended designs itsel
 - ``figures/*.png``: the plots (:mod:`codesign.figures`);
 - ``study.json``: the meta it was made from.
 
+The output location is checked before any work (:func:`check_report_output`), and the files appear together or not
+at all (:func:`codesign.report_output.write_files`: written into a temporary directory, then moved into place).
+
 Nothing here re-runs a sweep. All text that comes from configs or results is HTML-escaped.
 
 The command: ``python -m codesign.report sweep=RUN_DIR [output=DIR] [dpi=N]`` where RUN_DIR holds the
@@ -30,18 +33,20 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from arch_space.errors import ConfigError  # noqa: E402
 from codesign.cli import CONF_DIR, entry, fail  # noqa: E402
 from codesign.figures import make_figures  # noqa: E402
-from codesign.recommend import Recommendation, generation_gains, recommend_from_meta, settings_from_meta  # noqa: E402
+from codesign.recommend import Recommendation, generation_gains, recommend_from_meta  # noqa: E402
+from codesign.report_settings import settings_from_meta  # noqa: E402
+from codesign.schema import MAX_DPI  # noqa: E402
 from codesign.report_tables import (assumptions, attribution_table, context_line, esc, gains_detail_table,  # noqa: E402
                                     gains_table, headline_table, html_table, md_escape, md_table, parameter_table,
                                     pareto_summary, report_notes, selection_table, sensitivity_table)
-from sweeps.store import atomic_write_bytes, atomic_write_text  # noqa: E402
+from codesign.report_output import check_output, write_files  # noqa: E402
 
 PROG = "codesign.report"
 KEYS = ("sweep_dir", "output", "dpi")
@@ -67,6 +72,15 @@ SECTIONS = [("Frontiers", ["frontier_per_chip", "frontier_per_kw"]),
             ("Generation comparison", ["generation_gains", "objective_at_targets"]),
             ("Sensitivity and bottlenecks", ["sensitivity", "roofline", "attribution"]),
             ("Design space", ["design_space"])]
+PAGES = ("study.json", "summary.md", "report.html")  # written after the figures, the page last
+
+
+def check_report_output(out_dir, field: str = "output") -> Path:
+    """Fail early (one ConfigError line) when the report cannot be written under ``out_dir``: an existing file in
+    the directory's place, a directory where report.html, summary.md, study.json or a figure goes, a file in the
+    place of figures/, no write permission."""
+    return check_output(out_dir, [f"figures/{name}.png" for name in CAPTIONS] + list(PAGES), dirs=("figures",),
+                        field=field)
 
 
 # ---------------------------------------------------------------------------------------------------- the report
@@ -80,22 +94,20 @@ def _png(fig, dpi: int) -> bytes:
 def write_report(out_dir: Path, table: pa.Table, meta: dict, *legacy, dpi: int = 110,
                  rec: Recommendation | None = None) -> dict[str, Path]:
     """Select the recommended designs from ``table`` with the settings in ``meta`` (or use ``rec``), render every
-    figure and write report.html, summary.md, figures/*.png and study.json under ``out_dir``.
+    figure and write report.html, summary.md, figures/*.png and study.json under ``out_dir``: all of them or, on a
+    failure, none (the output location is checked before anything is computed).
 
     The former call ``write_report(out_dir, table, rec, summaries, meta, dpi=...)`` is still accepted."""
     if isinstance(meta, Recommendation):  # legacy positional form
         rec, meta = meta, legacy[-1]
-    out_dir = Path(out_dir)
+    out_dir = check_report_output(out_dir)
     rec = recommend_from_meta(table, meta) if rec is None else rec
     gains = generation_gains(rec)
     figs, figure_notes = make_figures(table, rec, meta, gains)
-    paths: dict[str, Path] = {}
+    files: dict[str, bytes] = {}  # relative path -> content, written together at the end
     images = {}
     for name, fig in figs.items():
-        data = _png(fig, dpi)
-        p = out_dir / "figures" / f"{name}.png"
-        atomic_write_bytes(p, data)
-        paths[name] = p
+        files[f"figures/{name}.png"] = data = _png(fig, dpi)
         images[name] = base64.b64encode(data).decode()
     title = str(meta.get("title") or "Design study")
     context = context_line(rec, meta)
@@ -159,13 +171,11 @@ def write_report(out_dir: Path, table: pa.Table, meta: dict, *legacy, dpi: int =
             "table{border-collapse:collapse;font-size:12px;margin:0.6em 0}td,th{border:1px solid #ccc;"
             "padding:3px 6px;text-align:left}th{background:#f3f3f3}img{max-width:100%}"
             "figcaption{font-size:12px;color:#555}</style></head><body>" + "\n".join(body) + "</body></html>")
-    paths["report.html"] = out_dir / "report.html"
-    atomic_write_text(paths["report.html"], page)
-    paths["summary.md"] = out_dir / "summary.md"
-    atomic_write_text(paths["summary.md"], "\n".join(md))
-    paths["study.json"] = out_dir / "study.json"
-    atomic_write_text(paths["study.json"], json.dumps(meta, indent=1, sort_keys=True, default=repr))
-    return paths
+    files["study.json"] = json.dumps(meta, indent=1, sort_keys=True, default=repr).encode()
+    files["summary.md"] = "\n".join(md).encode()
+    files["report.html"] = page.encode()
+    written = write_files(out_dir, files)
+    return {name: written[f"figures/{name}.png"] for name in figs} | {name: written[name] for name in PAGES}
 
 
 # ---------------------------------------------------------------------------------------------------- the command
@@ -221,7 +231,8 @@ def check_run(sweep_dir) -> None:
     res, study = _run_files(sweep_dir)
     schema = _read_parquet(res, pq.read_schema)
     _check_columns(schema.names, res)
-    _check_meta(schema.names, _read_meta(study))
+    meta = _read_meta(study)
+    _check_meta(schema.names, meta, _workloads(_read_parquet(res, lambda p: pq.read_table(p, columns=["workload"]))))
 
 
 def load_run(sweep_dir) -> tuple[pa.Table, dict]:
@@ -232,16 +243,20 @@ def load_run(sweep_dir) -> tuple[pa.Table, dict]:
     table = _read_parquet(res, pq.read_table)
     _check_columns(table.column_names, res)
     meta = _read_meta(study)
-    _check_meta(table.column_names, meta)
+    _check_meta(table.column_names, meta, _workloads(table))
     return table, meta
 
 
-def _check_meta(names, meta: dict) -> None:
-    s = settings_from_meta(meta)
+def _workloads(table: pa.Table) -> list[str]:
+    return [w for w in pc.unique(table.column("workload")).to_pylist() if w is not None]
+
+
+def _check_meta(names, meta: dict, workloads=None) -> None:
+    """Every setting of the meta (:func:`settings_from_meta`: one ConfigError line naming the study.json field and
+    the value), the objective a column of the results, the mix over workloads that have rows there."""
+    s = settings_from_meta(meta, workloads)
     if s["objective"] not in names and s["objective"] not in ("tok_per_usd", "tok_per_joule"):
         raise ConfigError("sweep", f"study.json names objective {s['objective']!r}, not a column of results.parquet")
-    if not s["targets"] or not all(np.isfinite(t) and t > 0 for t in s["targets"]):
-        raise ConfigError("sweep", f"study.json has no valid interactivity targets: {list(s['targets'])}")
 
 
 def _validate(cfg: dict, overridden=()):
@@ -249,12 +264,13 @@ def _validate(cfg: dict, overridden=()):
         if k not in KEYS:
             raise ConfigError(k, f"unknown key (known: sweep, {', '.join(KEYS[1:])})")
     dpi = cfg.get("dpi")
-    if dpi is not None and (isinstance(dpi, bool) or not isinstance(dpi, int) or dpi <= 0):
-        raise ConfigError("dpi", f"expected a positive integer or null, got {dpi!r}")
+    if dpi is not None and (isinstance(dpi, bool) or not isinstance(dpi, int) or not 0 < dpi <= MAX_DPI):
+        raise ConfigError("dpi", f"expected a positive integer <= {MAX_DPI} or null, got {dpi!r}")
     out = cfg.get("output")
     if out is not None and not isinstance(out, str):
         raise ConfigError("output", f"expected a directory path, got {out!r}")
     check_run(cfg.get("sweep_dir"))
+    check_report_output(out if out else Path(str(cfg.get("sweep_dir"))).expanduser())
     return cfg
 
 
@@ -300,4 +316,4 @@ if __name__ == "__main__":
     cli()
 
 
-__all__ = ["write_report", "regenerate", "load_run", "check_run", "cli"]
+__all__ = ["write_report", "regenerate", "load_run", "check_run", "check_report_output", "cli"]

@@ -64,6 +64,9 @@ class SweepConfig:
         return cfg
 
 
+MAX_DPI = 1200  # a 12 x 8 in figure at 1200 dpi is ~140 Mpixel; beyond that matplotlib runs out of memory
+
+
 @dataclasses.dataclass(frozen=True)
 class ReportConfig:
     title: str = "Gen 2 / Gen 3 design study"
@@ -78,6 +81,8 @@ class ReportConfig:
     def from_dict(cls, data, path: str = "report") -> "ReportConfig":
         cfg = build(cls, data, path)
         check_quantities(cfg.interactivity_targets_tok_s_user, f"{path}.interactivity_targets_tok_s_user")
+        if cfg.dpi > MAX_DPI:  # checked before the sweep: matplotlib would fail only when the report is drawn
+            raise ConfigError(f"{path}.dpi", f"must be <= {MAX_DPI} (print quality is 300), got {cfg.dpi}")
         return cfg
 
 

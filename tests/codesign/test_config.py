@@ -100,6 +100,7 @@ def check(argv):
     (["competitors=[b200,h900]"], "competitors[1]: unknown hardware preset 'h900'"),
     (["space.hbm_stacks=[8,-2]"], "space.hbm_stacks[1]: must be > 0, got -2"),
     (["report.objective=vibes"], "report.objective: must be one of"),
+    (["report.dpi=100000"], "report.dpi: must be <= 1200 (print quality is 300), got 100000"),
     (["serving.gemm_efficiency_max=1.5"], "serving.gemm_efficiency_max: must be <= 1"),
     (["workload.num_layers=-3"], "workload.num_layers"),
     (["generation.gen2.hbm_stack_bandwidth_bytes_per_s=-1"],
