@@ -62,6 +62,8 @@ def _validate(cfg: dict, overridden=()):
                   scenario=Scenario.from_dict(cfg["scenario"], "scenario"),
                   params=ServingParams.from_dict(cfg["serving"], "serving"),
                   gen=Generation.from_dict(cfg["technology"], "technology"), seed=int(cfg["seed"]))
+    if common["scenario"].draft_tokens and not common["arch"].num_mtp_layers:  # as predict and the study refuse
+        raise ConfigError("scenario.draft_tokens", f"{common['arch'].name} has no MTP head for speculative decoding")
     if cfg["suite"] == "serving":
         return "serving", common | dict(designs=int(cfg["designs"]), loop_designs=int(cfg["loop_designs"]),
                                         repeats=int(cfg["repeats"]))

@@ -39,6 +39,8 @@ def test_describe_from_a_hugging_face_config(tmp_path):
     ("codesign.bench", ["suite=gpus"], "suite: must be one of serving, sweeps, validate, got 'gpus'"),
     ("codesign.predict", ["serving.unmeasured_family=intel"],
      "serving.unmeasured_family: no fitted family 'intel' (fitted: amd, nvidia; null: the shared set)"),
+    ("codesign.bench", ["scenario=inferencex_8k1k_mtp"],
+     "scenario.draft_tokens: gpt_oss_120b has no MTP head for speculative decoding"),
     # a bare string or number where a list goes was once iterated character by character (or a TypeError)
     ("codesign.predict", ["mappings=tp4"], "mappings: expected a list of mapping names, got 'tp4'"),
     ("codesign.predict", ["mappings=5"], "mappings: expected a list of mapping names, got 5"),
