@@ -87,6 +87,8 @@ class ServingParams:
         for f in FRACTIONS:
             if getattr(p, f) > 1:
                 raise ConfigError(f"{path}.{f}", f"must be <= 1 (a fraction), got {getattr(p, f)}")
+        if p.hbm_reserve_fraction >= 1:  # all of the HBM reserved: nothing left for weights or KV, every point fails
+            raise ConfigError(f"{path}.hbm_reserve_fraction", f"must be < 1, got {p.hbm_reserve_fraction}")
         return p
 
 

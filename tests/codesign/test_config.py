@@ -102,6 +102,7 @@ def check(argv):
     (["report.objective=vibes"], "report.objective: must be one of"),
     (["report.dpi=100000"], "report.dpi: must be <= 1200 (print quality is 300), got 100000"),
     (["serving.gemm_efficiency_max=1.5"], "serving.gemm_efficiency_max: must be <= 1"),
+    (["serving.hbm_reserve_fraction=1.0"], "serving.hbm_reserve_fraction: must be < 1, got 1.0"),
     (["workload.num_layers=-3"], "workload.num_layers"),
     (["generation.gen2.hbm_stack_bandwidth_bytes_per_s=-1"],
      "generation.gen2.hbm_stack_bandwidth_bytes_per_s: must be > 0, got -1"),
