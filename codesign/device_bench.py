@@ -404,7 +404,8 @@ def device_params(base, mb: dict, mode: str, fit: dict | None = None):
                "step_overhead_s": mb["dispatch_s"]}
     sources = {k: "1: the chip's rates are achieved rates" for k in changes if k.endswith("_max")}
     sources["kernel_overhead_s"] = "measured: one more small dot inside a jitted program"
-    sources["step_overhead_s"] = "measured: dispatch of a trivial jitted call"
+    sources["step_overhead_s"] = ("measured: a no-op jitted call with the step's own arguments (donated cache, "
+                                  "every weight leaf), at least the dispatch of a scalar call")
     if mode in ("phase", "run") and fit is not None:
         for kind in ("gemm", "moe"):
             changes[f"{kind}_efficiency_max"] = fit["gemm_efficiency_max"]

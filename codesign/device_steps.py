@@ -243,6 +243,23 @@ def _donating(step_fn, cache):
     return jitted, bufs, rest, rebuild
 
 
+def step_dispatch_s(params, tokens, bufs, rest) -> tuple[float, list]:
+    """The fixed cost of calling a step with this argument tree: a jitted call taking the same leaves (all kept,
+    none pruned) with the KV buffers donated and handed back, the same host-side work as the step's call but no
+    device work (minimum of 50 runs). A scalar-argument call (``dispatch_s`` of the micro-benchmarks) misses the
+    per-leaf cost of a step with hundreds of weight leaves. Returns (seconds, the buffers, still valid)."""
+    import jax
+
+    noop = jax.jit(lambda p, t, b, r: b, donate_argnums=(2,), keep_unused=True)
+    state = {"bufs": bufs}
+
+    def once():
+        state["bufs"] = noop(params, tokens, state["bufs"], rest)
+        return state["bufs"]
+
+    return float(wall_samples(once, (), 50, warmup=5).min()), state["bufs"]
+
+
 def measure_decode(model, params, batch: int, context: int, dtype, plan: Plan, key) -> dict:
     """One decode step of ``batch`` sequences at ``context`` (the cache's filled length, reset every step so every
     timed step attends over the same context), KV cache donated. Optionally every kernel alone."""
@@ -265,6 +282,7 @@ def measure_decode(model, params, batch: int, context: int, dtype, plan: Plan, k
     t = wall_samples(lambda: once(), (), plan.repeats, plan.warmup)
     out = {"phase": "decode", "batch": batch, "context": context, "measured_s": statistic(t, plan.stat),
            "measured_median_s": float(np.median(t)), "measured_min_s": float(t.min())}
+    out["dispatch_s"], state["bufs"] = step_dispatch_s(params, tokens, state["bufs"], rest)
     if plan.kernels:
         out["kernels_measured_s"] = time_kernels(model.decode, (params, tokens, rebuild(state["bufs"])),
                                                  plan.repeats, plan.warmup, plan.stat)
@@ -289,6 +307,7 @@ def measure_prefill(model, params, tokens_n: int, dtype, plan: Plan, key) -> dic
     t = wall_samples(lambda: once(), (), plan.repeats, plan.warmup)
     out = {"phase": "prefill", "batch": 1, "tokens": tokens_n, "measured_s": statistic(t, plan.stat),
            "measured_median_s": float(np.median(t)), "measured_min_s": float(t.min())}
+    out["dispatch_s"], state["bufs"] = step_dispatch_s(params, tokens, state["bufs"], rest)
     if plan.kernels:
         out["kernels_measured_s"] = time_kernels(model.prefill, (params, tokens, model.init_cache(1, tokens_n, dtype)),
                                                  plan.repeats, plan.warmup, plan.stat)

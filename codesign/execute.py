@@ -235,8 +235,10 @@ def execute(plan: Plan) -> dict:
             for name, (lo, hi) in phase_rows(plan.batches, plan.prefill_tokens).items()}
     chip = device_chip(info, mb, dtype_name)
 
-    def params_for(mode, step):
-        return device_params(plan.params, mb, mode, fits[step if mode == "phase" else "run"])
+    def params_for(mode, step, dispatch_s=None):
+        # the step's own call overhead (measured with its argument tree) when known, else the scalar call's
+        bench = mb if dispatch_s is None else mb | {"dispatch_s": max(dispatch_s, mb["dispatch_s"])}
+        return device_params(plan.params, bench, mode, fits[step if mode == "phase" else "run"])
     prec_name = PRECISION_OF[dtype_name]
     precision = Precision.from_dict(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "precision" /
                                                                           f"{prec_name}.yaml")), "precision")
@@ -260,9 +262,9 @@ def execute(plan: Plan) -> dict:
             m = (measure_decode(model, params, n, plan.context, dtype, plan, sub) if phase == "decode"
                  else measure_prefill(model, params, n, dtype, plan, sub))
             step = step_key(phase, n)
-            others = {mode: predict_step(chip, kt, params_for(mode, step)[0], work)["predicted_s"]
+            others = {mode: predict_step(chip, kt, params_for(mode, step, m["dispatch_s"])[0], work)["predicted_s"]
                       for mode in PARAM_MODES}
-            sp, _ = params_for(plan.params_mode, step)
+            sp, _ = params_for(plan.params_mode, step, m["dispatch_s"])
             row = _merge(m, predict_step(chip, kt, sp, work), others)
             row["serving_params"] = dataclasses.asdict(sp)
             steps.append(row)
