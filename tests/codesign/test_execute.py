@@ -46,6 +46,9 @@ def test_execute_reports_measured_and_predicted_decode_and_prefill():
     assert chip["sram_explicit_fraction"] == 0.0 and chip["scaleup_domain_chips"] == 1
     assert out["steps"][0]["serving_params"]["memory_efficiency_max"] == 1.0  # the rates are achieved ones
     assert set(out["steps"][0]["predicted_s_by_params"]) == {"phase", "run", "rates", "config"}
+    for s in out["steps"]:  # the step's own call overhead, no less than a scalar call's, priced as its overhead
+        assert out["microbenchmarks"]["dispatch_s"] <= s["serving_params"]["step_overhead_s"] < s["measured_s"]
+        assert s["serving_params"]["step_overhead_s"] == max(s["dispatch_s"], out["microbenchmarks"]["dispatch_s"])
 
 
 @pytest.mark.slow
