@@ -46,6 +46,9 @@ def _check_choices(overrides: list[str]) -> None:
         for v in values:
             for name in str(v).strip("[]").split(","):
                 name = name.strip()
+                if name == "null":  # Hydra: "Config group override must be a string or a list. Got NoneType"
+                    raise ConfigError(key, f"expected a preset name (known: {', '.join(groups[key])}), got null"
+                                      + ("; leave experiment out for none" if key == "experiment" else ""))
                 if name and name != "null" and name not in groups[key]:
                     raise ConfigError(key, f"unknown preset {name!r} (known: {', '.join(groups[key])})")
 

@@ -81,6 +81,7 @@ def check(argv):
 @pytest.mark.parametrize("argv,expect", [
     (["hardware=no_such_chip"], "hardware: unknown preset 'no_such_chip'"),
     (["workload=gpt5"], "workload: unknown preset 'gpt5'"),
+    (["hardware=null"], "hardware: expected a preset name (known: "),  # was Hydra's 'Got NoneType'
     (["-m", "workload=llama3_8b,nope"], "workload: unknown preset 'nope'"),
     (["hardware.hbm_bandwidth_bytes_per_s=-1"], "hardware.hbm_bandwidth_bytes_per_s: must be > 0, got -1"),
     (["hardware.hbm_bandwidth_bytes_per_s=0"], "hardware.hbm_bandwidth_bytes_per_s: must be > 0, got 0"),
