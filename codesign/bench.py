@@ -41,7 +41,7 @@ def _validate(cfg: dict, overridden=()):
     from codesign.schema import load_workload
     from serving.perf import ServingParams
     from serving.precision import Precision
-    from serving.scenario import Scenario
+    from serving.scenario import Scenario, check_positions
 
     for k in cfg:
         if k not in KEYS:
@@ -62,6 +62,7 @@ def _validate(cfg: dict, overridden=()):
                   scenario=Scenario.from_dict(cfg["scenario"], "scenario"),
                   params=ServingParams.from_dict(cfg["serving"], "serving"),
                   gen=Generation.from_dict(cfg["technology"], "technology"), seed=int(cfg["seed"]))
+    check_positions(common["scenario"], common["arch"], "scenario")
     if common["scenario"].draft_tokens and not common["arch"].num_mtp_layers:  # as predict and the study refuse
         raise ConfigError("scenario.draft_tokens", f"{common['arch'].name} has no MTP head for speculative decoding")
     if cfg["suite"] == "serving":

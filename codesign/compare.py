@@ -132,7 +132,7 @@ def _validate(cfg: dict, overridden=()):
     from serving.architecture import ModelArchitecture
     from serving.perf import ParamSet
     from serving.precision import Precision
-    from serving.scenario import Scenario
+    from serving.scenario import Scenario, check_positions
 
     for k in cfg:
         if k not in KEYS:
@@ -157,6 +157,7 @@ def _validate(cfg: dict, overridden=()):
             raise ConfigError(f"workloads[{i}]", f"unknown workload preset {w!r} (known: {', '.join(known_w)})")
         arch = ModelArchitecture.from_dict(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "workload" / f"{w}.yaml"),
                                                                   resolve=True), f"workloads[{i}]")
+        check_positions(scenario, arch, f"workloads[{i}]")
         if scenario.draft_tokens and not arch.num_mtp_layers:
             raise ConfigError(f"workloads[{i}]", f"{w} has no MTP head for the speculative scenario {scenario.name}")
         if any(a.name == arch.name for a in archs):

@@ -31,6 +31,9 @@ def _validate(cfg: dict, overridden=()):
     arch = load_workload(cfg)
     precision = Precision.from_dict(cfg["precision"], "precision").for_workload(arch.name)
     ctx = check_quantity(cfg["context_tokens"], "context_tokens", integer=True)
+    if ctx > arch.max_position_embeddings:
+        raise ConfigError("context_tokens", f"{arch.name} attends over at most {arch.max_position_embeddings} "
+                                            f"positions, got {ctx}")
     if not isinstance(cfg["kernels"], bool):
         raise ConfigError("kernels", f"expected true or false, got {cfg['kernels']!r}")
     return arch, precision, ctx

@@ -256,6 +256,7 @@ class Predictor:
         from serving.architecture import ModelArchitecture
         from serving.kernel_table import build_kernel_table
         from serving.precision import Precision
+        from serving.scenario import check_positions
         from serving.serve import stack_mappings
 
         arch = self._get(("arch", spec.model),
@@ -264,8 +265,9 @@ class Predictor:
                          lambda: Chip.from_dict(self._load(f"hardware/{spec.hardware}.yaml"), spec.hardware))
         precision = self._get(("prec", spec.precision),
                               lambda: Precision.from_dict(self._load(f"precision/{spec.precision}.yaml")))
-        kt = build_kernel_table(arch, precision)
         sc = scenario_for(spec, arch, chip)
+        check_positions(sc, arch, f"row {spec.row_id}")  # before the trace: the row's reason, not a wasted trace
+        kt = build_kernel_table(arch, precision)
         maps = mappings_for(spec, arch, sc.max_chips)
         return arch, stack([chip]), kt, sc, maps, stack_mappings(maps)
 

@@ -24,7 +24,7 @@ from codesign.schema import load_workload
 from arch_space.chip import Chip
 from serving.perf import INFEASIBLE_REASONS, ParamSet
 from serving.precision import Precision
-from serving.scenario import Scenario
+from serving.scenario import Scenario, check_positions
 
 PROG = "codesign.predict"
 KEYS = ("hardware", "workload", "precision", "scenario", "serving", "hf_config", "format", "frontier_only", "mappings")
@@ -44,6 +44,7 @@ def _validate(cfg: dict, overridden=()):
     arch = load_workload(cfg)
     precision = Precision.from_dict(cfg["precision"], "precision")
     scenario = Scenario.from_dict(cfg["scenario"], "scenario")
+    check_positions(scenario, arch, "scenario")
     if scenario.draft_tokens and not arch.num_mtp_layers:
         raise ConfigError("scenario.draft_tokens", f"{arch.name} has no MTP head for speculative decoding")
     params = ParamSet.from_dict(cfg["serving"], "serving").for_vendor(chip.vendor)  # the chip's vendor family

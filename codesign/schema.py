@@ -21,7 +21,7 @@ from arch_space.validation import build, check_names, check_quantities, check_qu
 from serving.architecture import ModelArchitecture
 from serving.precision import Precision
 from serving.perf import ParamSet, ServingParams
-from serving.scenario import Scenario
+from serving.scenario import Scenario, check_positions
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 TOP_LEVEL = ("hardware", "generation", "workload", "precision", "scenario", "space", "sweep", "report", "serving",
@@ -198,6 +198,7 @@ def load_study(cfg: dict, *, overridden: tuple[str, ...] = (), conf_dir: Path = 
     scenario = Scenario.from_dict(cfg["scenario"], "scenario")
     mix = load_mix(cfg, workload, overridden, conf_dir)
     for arch, _ in mix:
+        check_positions(scenario, arch, "scenario" if arch.name == workload.name else f"mix ({arch.name})")
         if scenario.draft_tokens and not arch.num_mtp_layers:
             raise ConfigError("scenario.draft_tokens", f"{scenario.draft_tokens} MTP draft tokens, but "
                                                        f"{arch.name} has no MTP head (num_mtp_layers = 0)")

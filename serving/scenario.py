@@ -93,6 +93,15 @@ class Scenario:
         return self.isl_tokens + self.osl_tokens
 
 
+def check_positions(sc: "Scenario", arch, path: str) -> None:
+    """A scenario's longest request must fit the positions the model was built for (``max_position_embeddings``:
+    RoPE scaled to it, trained to it): Llama 2 70B (4096) cannot serve InferenceX's 8k/1k. ConfigError on ``path``
+    naming both."""
+    if sc.max_context_tokens > arch.max_position_embeddings:
+        raise ConfigError(path, f"the scenario {sc.name!r} reaches {sc.max_context_tokens} tokens of context, "
+                                f"{arch.name} attends over at most {arch.max_position_embeddings} positions")
+
+
 # Numeric fields are pytree leaves, so scenarios that differ only in lengths or rates share one compiled evaluator;
 # what changes the program (kind, length distribution, the concurrency grid, a fixed vs searched pool ratio) is static.
 _NUMERIC = ("isl_tokens", "osl_tokens", "max_chips", "draft_tokens", "acceptance_rate", "prefill_batch_tokens",

@@ -41,6 +41,8 @@ def test_describe_from_a_hugging_face_config(tmp_path):
      "serving.unmeasured_family: no fitted family 'intel' (fitted: amd, nvidia; null: the shared set)"),
     ("codesign.bench", ["scenario=inferencex_8k1k_mtp"],
      "scenario.draft_tokens: gpt_oss_120b has no MTP head for speculative decoding"),
+    ("codesign.describe", ["context_tokens=1e12"], "context_tokens: gpt_oss_120b attends over at most 131072"),
+    ("codesign.predict", ["scenario.isl_tokens=1000000"], "scenario: the scenario 'inferencex_1k1k' reaches 1001024"),
     # a bare string or number where a list goes was once iterated character by character (or a TypeError)
     ("codesign.predict", ["mappings=tp4"], "mappings: expected a list of mapping names, got 'tp4'"),
     ("codesign.predict", ["mappings=5"], "mappings: expected a list of mapping names, got 5"),

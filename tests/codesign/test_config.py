@@ -38,6 +38,8 @@ def test_default_config_validates():
 def test_every_config_option_composes_and_validates(group, option):
     override = f"{group}=[{option}]" if group == "generation" else f"{group}={option}"
     extra = ["workload=deepseek_r1"] if (group, option) == ("scenario", "inferencex_8k1k_mtp") else []
+    if (group, option) == ("workload", "llama2_70b"):
+        extra = ["scenario=inferencex_1k1k"]  # 4096 positions: the default 8k/1k does not fit (refused below)
     study = load_study(composed([override, *extra]), overridden=overridden_keys([override, *extra]))
     if group == "hardware":
         assert study.hardware.name == option
@@ -81,6 +83,8 @@ def check(argv):
 @pytest.mark.parametrize("argv,expect", [
     (["hardware=no_such_chip"], "hardware: unknown preset 'no_such_chip'"),
     (["workload=gpt5"], "workload: unknown preset 'gpt5'"),
+    (["workload=llama2_70b"], "scenario: the scenario 'inferencex_8k1k' reaches 9216 tokens of context, llama2_70b "
+                              "attends over at most 4096 positions"),
     (["hardware=null"], "hardware: expected a preset name (known: "),  # was Hydra's 'Got NoneType'
     (["-m", "workload=llama3_8b,nope"], "workload: unknown preset 'nope'"),
     (["hardware.hbm_bandwidth_bytes_per_s=-1"], "hardware.hbm_bandwidth_bytes_per_s: must be > 0, got -1"),

@@ -250,20 +250,24 @@ def test_validate_summary_splits_the_errors_by_model_chip_and_metric():
 
 
 def test_a_row_without_a_prediction_says_why(tmp_path):
-    """Weights that fit no mapping, and an interactivity no feasible point reaches, each get their own reason."""
+    """Weights that fit no mapping, an interactivity no feasible point reaches, and lengths beyond the model's
+    positions each get their own reason."""
     from codesign.validate import validate_rows
 
     rows = [row(0, model="llama3_405b", precision="bf16"),  # 811 GB of BF16 weights on one 80 GB H100
             row(1, metric="total_tput_per_chip_at_interactivity", mapping="best", chips="8",
-                input_dist="uniform_0.8_1.0", interactivity="100000")]
+                input_dist="uniform_0.8_1.0", interactivity="100000"),
+            row(2, model="llama2_70b", chips="8", mapping="best", isl="8192")]  # 9216 tokens > its 4096 positions
     path = write_rows(tmp_path / "rows.csv", rows)
     predictor = Predictor(CONF_DIR)
     raw, specs = read_reference(path, predictor.models, predictor.hardware)
     params = ServingParams.from_dict(load_yaml("serving/default.yaml"))
-    heavy, fast = validate_rows(predictor, params, raw, specs)
+    heavy, fast, long = validate_rows(predictor, params, raw, specs)
     assert not heavy["predicted"] and "weights do not fit in HBM" in heavy["reason"]
     assert "1 h100_sxm chips" in heavy["reason"]
     assert not fast["predicted"] and "interactivity 100000 tok/s/user is beyond the best" in fast["reason"]
+    assert not long["predicted"] and long["reason"] == ("the scenario 'reference-row' reaches 9216 tokens of "
+                                                        "context, llama2_70b attends over at most 4096 positions")
 
 
 def test_unmeasured_family_gives_chips_without_a_set_that_familys_parameters():
