@@ -55,6 +55,8 @@ class DesignMix:
     score: dict[float, float] = dataclasses.field(default_factory=dict)  # weighted geometric mean of ratio
     worst: dict[float, float] = dataclasses.field(default_factory=dict)  # worst-case ratio across the mix
     pareto: dict[float, bool] = dataclasses.field(default_factory=dict)  # Pareto-optimal in its generation
+    # over the weighted workloads it reaches (weights renormalised): ranks designs none of which reach the whole mix
+    partial: dict[float, float] = dataclasses.field(default_factory=dict)
 
     @property
     def built(self) -> bool:
@@ -229,12 +231,17 @@ def recommend(table: pa.Table, objective: str, targets, top_k: int, *, mix: dict
             d.ratio[t] = {w: (d.value(w, t) / reference[t][w][1] if _finite_pos(reference[t][w][1])
                               else float("nan")) for w in workloads}
             d.score[t] = weighted_geomean(d.ratio[t], weights)
+            d.partial[t] = weighted_geomean(d.ratio[t], {w: a for w, a in weights.items()
+                                                         if _finite_pos(d.ratio[t][w])})
             rs = [d.ratio[t][w] for w in mixw]
             d.worst[t] = float(min(rs)) if rs and all(np.isfinite(rs)) else float("nan")
     gens = sorted({d.generation for d in designs if d.kind == "candidate"})
     ranked, best, infeasible, unreachable, pareto, robust = {}, {}, {}, {}, {}, {}
-    key_score = lambda t: (lambda d: (-(d.score[t] if np.isfinite(d.score[t]) else -np.inf),  # noqa: E731
-                                      -sum(np.isfinite(d.value(w, t)) for w in mixw), d.design_id))
+    # whole-mix score first; where no design reaches the whole mix, the most workloads reached, then the score over
+    # those (else the ranking would fall back to design ids and could put a dominated design first)
+    fin = lambda v: v if np.isfinite(v) else -np.inf  # noqa: E731
+    key_score = lambda t: (lambda d: (-fin(d.score[t]), -sum(np.isfinite(d.value(w, t)) for w in mixw),  # noqa: E731
+                                      -fin(d.partial[t]), d.design_id))
     for g in gens:
         cands = [d for d in designs if d.kind == "candidate" and d.generation == g]
         infeasible[g] = sum(1 for d in cands if not d.built)

@@ -150,13 +150,21 @@ def selection_table(rec: Recommendation) -> tuple[list[str], list[list[str]]]:
         for t in rec.targets:
             rob = rec.robust.get(g, {}).get(t)
             for i, d in enumerate(rec.ranked[g][t], 1):
-                rows.append([g, _fmt(t), str(i), f"{d.name} ({d.design_id})", _x(d.score[t]), _x(d.worst[t]),
+                rows.append([g, _fmt(t), str(i), f"{d.name} ({d.design_id})", _mix_score(rec, d, t), _x(d.worst[t]),
                              "yes" if d.pareto.get(t) else "no", "yes" if rob is d else ""]
                             + [_fmt(d.value(w, t)) for w in rec.mix])
             if not rec.ranked[g][t]:
                 rows.append([g, _fmt(t), "-", "no candidate reaches this target", "", "", "", ""]
                             + [""] * len(rec.mix))
     return head, rows
+
+
+def _mix_score(rec: Recommendation, d, t: float) -> str:
+    """The whole-mix score; for a design missing the target on part of the mix, the score over what it reaches."""
+    if np.isfinite(d.score[t]):
+        return _x(d.score[t])
+    n = sum(np.isfinite(d.value(w, t)) for w in rec.mix)
+    return f"n/a ({_x(d.partial[t])} on {n} of {len(rec.mix)})" if n else "n/a"
 
 
 def pareto_summary(rec: Recommendation) -> list[str]:

@@ -218,3 +218,26 @@ def test_a_reference_near_its_interactivity_ceiling_is_flagged():
     assert any("base reaches at most 110 tok/s/user on w" in n for n in rec.notes)
     rec = recommend(table, "total_tok_s_per_kw", (10.0, 50.0), 3, headline_target=50.0)
     assert not any("reaches at most" in n for n in rec.notes)  # 110 is well above 50
+
+
+def test_where_no_design_reaches_the_whole_mix_the_ranking_follows_what_they_reach():
+    # every candidate reaches only 50 tok/s/user on B: at 100 none has a whole-mix score. "a1" sorts first by id
+    # and is dominated by "z9" on A; "m5" reaches neither workload at 100
+    rows = []
+    for w in ("A", "B"):
+        rows += frontier_rows("base", "baseline", "presets", w, 1.0)
+        for d, scale, xa in (("a1", 1.0, 400.0), ("z9", 3.0, 400.0), ("k4", 2.0, 400.0), ("m5", 9.0, 50.0)):
+            rows += frontier_rows(d, "candidate", "gen2", w, scale, xa if w == "A" else 50.0, rating_w=700.0)
+    table = pa.Table.from_pylist(rows)
+    rec = recommend(table, "total_tok_s_per_kw", [50, 100], top_k=5, mix={"A": 1, "B": 1})
+    ranked = rec.ranked["gen2"][100.0]
+    assert [d.design_id for d in ranked] == ["z9", "k4", "a1"]  # m5 reaches nothing at 100: not ranked
+    assert all(math.isnan(d.score[100.0]) for d in ranked)
+    assert ranked[0].partial[100.0] == pytest.approx(3.0 * K)  # A alone, against the baseline
+    assert ids(rec.pareto["gen2"][100.0]) == {"z9"} and ranked[0].pareto[100.0]
+    # at 50 everyone reaches both: the whole-mix score decides, m5 first
+    assert rec.ranked["gen2"][50.0][0].design_id == "m5"
+    from codesign.report_tables import selection_table
+    _, rows_ = selection_table(rec)
+    top = next(r for r in rows_ if r[1] == "100" and r[2] == "1")
+    assert "z9" in top[3] and top[4] == f"n/a ({3.0 * K:.2f}x on 1 of 2)" and top[6] == "yes"
