@@ -32,8 +32,8 @@ from serving.perf import FRACTIONS, ServingParams
 from sweeps.store import atomic_write_text
 
 PROG = "codesign.calibrate"
-KEYS = ("serving", "reference", "output", "fit", "iterations", "learning_rate", "families", "family_penalty", "cv",
-        "cv_output")
+KEYS = ("serving", "reference", "output", "fit", "iterations", "learning_rate", "families", "family_penalty",
+        "prior_weight", "cv", "cv_output")
 CV_GROUPS = ("model", "hardware", "metric")  # leave-one-group-out: unseen models, unseen chips, unseen metrics
 DEFAULT_FIT = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
                "memory_efficiency_max", "gemm_rows_half", "moe_rows_half", "kernel_overhead_s",
@@ -95,25 +95,32 @@ def _sum_rows(params: ServingParams, terms) -> tuple[float, object]:
     return total, grad_p
 
 
-def fit(predictor: Predictor, specs, base: ServingParams, fields, iterations: int, lr: float, log=print):
-    """Adam on z (the transformed parameters); returns (params, history of losses)."""
+def fit(predictor: Predictor, specs, base: ServingParams, fields, iterations: int, lr: float, log=print,
+        prior: float = 0.0):
+    """Adam on z (the transformed parameters); returns (params, history of losses). ``prior`` > 0 adds
+    prior x |z - z_start|^2 (MAP with a Gaussian prior at the starting config, in transformed units: a factor e
+    on a positive quantity, one logit on a fraction), so a parameter the rows do not pin down stays near its
+    physical start instead of drifting to wherever it helps the rows it has."""
     terms = [predictor.loss_terms(s) for s in specs]
+    z0 = to_z(base, fields)
 
     def loss_and_grad(z):
         total, grad_p = _sum_rows(from_z(z, base, fields), terms)
         (gz,) = jax.vjp(lambda zz: from_z(zz, base, fields), z)[1](grad_p)
-        return total / len(terms), gz / len(terms)
+        dz = z - z0
+        return total / len(terms) + prior * float(jnp.sum(dz * dz)), gz / len(terms) + 2.0 * prior * dz
 
-    z, history = adam(loss_and_grad, to_z(base, fields), iterations, lr, log)
+    z, history = adam(loss_and_grad, z0, iterations, lr, log, label="objective" if prior else
+                      "mean squared log error")
     return from_z(z, base, fields), history
 
 
 def fit_families(predictor: Predictor, specs, base: ServingParams, fields, iterations: int, lr: float,
-                 penalty: float, log=print):
+                 penalty: float, log=print, prior: float = 0.0):
     """One set per vendor family, fitted jointly as a shared set plus a family offset (hierarchical least squares):
     row r of family f is predicted with from_z(z + d_f) and the loss is
 
-        mean_r (log predicted_r - log measured_r)^2 + penalty x sum_f |d_f|^2
+        mean_r (log predicted_r - log measured_r)^2 + penalty x sum_f |d_f|^2 + prior x |z - z_start|^2
 
     so a family with few rows stays near the shared set, and the shared set (used for chips of families without
     rows: candidate designs, vendors never measured) is the compromise the penalty draws. Adam on (z, d) with the
@@ -140,8 +147,9 @@ def fit_families(predictor: Predictor, specs, base: ServingParams, fields, itera
                 (g_f,) = jax.vjp(lambda zz: from_z(zz, base, fields), zf)[1](grad_p)
                 gz, gd = gz + g_f, gd.at[f].add(g_f)
         n = len(terms)
-        loss = total / n + penalty * float(jnp.sum(d * d))
-        return loss, jnp.concatenate([gz / n, (gd / n + 2.0 * penalty * d).reshape(-1)])
+        dz = z - x0[:p]
+        loss = total / n + penalty * float(jnp.sum(d * d)) + prior * float(jnp.sum(dz * dz))
+        return loss, jnp.concatenate([gz / n + 2.0 * prior * dz, (gd / n + 2.0 * penalty * d).reshape(-1)])
 
     x, history = adam(loss_and_grad, x0, iterations, lr, log, label="objective")
     z, d = split(x)
@@ -195,6 +203,7 @@ def _validate(cfg: dict, overridden=()):
         raise ConfigError("families", f"expected true (one set per vendor family) or false (one set), "
                                       f"got {cfg['families']!r}")
     penalty = check_quantity(cfg["family_penalty"], "family_penalty", allow_zero=True)
+    prior = check_quantity(cfg["prior_weight"], "prior_weight", allow_zero=True)
     from codesign.validate import reference_file
 
     ref = reference_file(cfg["reference"])
@@ -212,10 +221,11 @@ def _validate(cfg: dict, overridden=()):
         if len({getattr(s, cv) for s in specs}) < 2:
             raise ConfigError("cv", f"the reference file has one {cv} only: nothing to hold out")
         output_path(cfg["cv_output"], "cv_output")
-    return base, fields, iterations, lr, ref, predictor, rows, specs, out, cfg["families"], penalty
+    return base, fields, iterations, lr, ref, predictor, rows, specs, out, cfg["families"], penalty, prior
 
 
-def calibration_yaml(params, fields, ref: Path, specs, records, history, penalty: float | None = None) -> str:
+def calibration_yaml(params, fields, ref: Path, specs, records, history, penalty: float | None = None,
+                     prior: float = 0.0) -> str:
     """The calibration file. ``params``: a ServingParams (one set for all chips) or a ParamSet (shared + per
     family)."""
     from serving.perf import ParamSet
@@ -242,13 +252,15 @@ def calibration_yaml(params, fields, ref: Path, specs, records, history, penalty
             lines.append(f"  {name}:")
             lines += [f"    {f}: {float(getattr(fp, f)):.6g}" for f in fields]
     lines += ["fit:", f"  data: {ref.name}", f"  rows: {len(specs)}", f"  iterations: {len(history)}",
-              (f"  final_objective: {history[-1]:.6g}  # mean squared log error + family penalty" if pset.families
+              (f"  final_objective: {history[-1]:.6g}  # mean squared log error + family penalty + prior"
+               if pset.families or prior
                else f"  final_mean_squared_log_error: {history[-1]:.6g}"),
               f"  median_abs_error_pct: {float(np.median(errs)):.2f}" if errs else "  median_abs_error_pct: null",
               f"  p90_abs_error_pct: {float(np.percentile(errs, 90)):.2f}" if errs else "  p90_abs_error_pct: null",
               "  fitted: [" + ", ".join(fields) + "]"]
     if pset.families:
         lines.append(f"  family_penalty: {penalty:g}")
+    lines.append(f"  prior_weight: {prior:g}  # |z - z_start|^2 toward the starting config (0: plain least squares)")
     lines.append("  per_row_error_pct:")
     for r in records:
         lines.append(f"    {r['id']}: {r['error_pct'] or 'null'}")
@@ -260,7 +272,7 @@ def _main(cfg: DictConfig) -> None:
     from codesign.validate import summary, validate_rows
 
     try:
-        base, fields, iterations, lr, ref, predictor, rows, specs, out, families, penalty = _validate(
+        base, fields, iterations, lr, ref, predictor, rows, specs, out, families, penalty, prior = _validate(
             OmegaConf.to_container(cfg, resolve=True))
     except ConfigError as err:
         fail(PROG, err)
@@ -269,8 +281,8 @@ def _main(cfg: DictConfig) -> None:
 
     def fit_rows(rows_specs, log=print):
         if families:
-            return fit_families(predictor, rows_specs, base, fields, iterations, lr, penalty, log=log)
-        return fit(predictor, rows_specs, base, fields, iterations, lr, log=log)
+            return fit_families(predictor, rows_specs, base, fields, iterations, lr, penalty, log=log, prior=prior)
+        return fit(predictor, rows_specs, base, fields, iterations, lr, log=log, prior=prior)
 
     if cfg.cv:
         from codesign.validate import OUT_COLUMNS, write_csv
@@ -285,7 +297,7 @@ def _main(cfg: DictConfig) -> None:
     print(f"{PROG}: fitting {len(fields)} parameters ({per}) to {len(specs)} rows of {ref}")
     params, history = fit_rows(specs)
     records = validate_rows(predictor, params, rows, specs)
-    atomic_write_text(out, calibration_yaml(params, fields, ref, specs, records, history, penalty))
+    atomic_write_text(out, calibration_yaml(params, fields, ref, specs, records, history, penalty, prior))
     print(summary(records, 5))
     print(f"{PROG}: wrote {out} in {time.perf_counter() - t0:.0f} s")
 

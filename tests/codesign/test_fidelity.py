@@ -62,6 +62,30 @@ def test_calibration_recovers_known_parameters_from_synthetic_data(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_prior_holds_a_fit_between_its_start_and_what_the_rows_demand(tmp_path):
+    """MAP toward the starting config: an overwhelming prior keeps the start (the closed-form limit), a moderate
+    one lands strictly between the start and the value the synthetic rows were generated with."""
+    predictor = Predictor(CONF_DIR)
+    start = ServingParams.from_dict(load_yaml("serving/default.yaml"))
+    truth = dataclasses.replace(start, kernel_overhead_s=float(start.kernel_overhead_s) * 4)
+    rows = [row(0), row(1, isl="8192"), row(2, hardware="b200", precision="fp4")]
+    path = write_rows(tmp_path / "synthetic.csv", rows)
+    _, specs = read_reference(path, predictor.models, predictor.hardware)
+    for r, s in zip(rows, specs):
+        r["value"] = f"{float(predictor.predict(s, truth)[0]):.8g}"
+    write_rows(path, rows)
+    _, specs = read_reference(path, predictor.models, predictor.hardware)
+    fields = ("kernel_overhead_s",)
+    quiet = lambda *_: None  # noqa: E731
+    held, _ = fit(predictor, specs, start, fields, iterations=80, lr=0.05, log=quiet, prior=1e3)
+    assert float(held.kernel_overhead_s) == pytest.approx(float(start.kernel_overhead_s), rel=0.01)
+    free, _ = fit(predictor, specs, start, fields, iterations=80, lr=0.05, log=quiet)
+    mid, _ = fit(predictor, specs, start, fields, iterations=80, lr=0.05, log=quiet, prior=3e-3)
+    assert float(free.kernel_overhead_s) == pytest.approx(float(truth.kernel_overhead_s), rel=0.05)
+    assert float(start.kernel_overhead_s) * 1.05 < float(mid.kernel_overhead_s) < float(free.kernel_overhead_s) / 1.05
+
+
+@pytest.mark.slow
 def test_family_calibration_recovers_each_vendors_parameters(tmp_path):
     """Synthetic rows of two vendors generated with different memory efficiencies: the per-family fit recovers
     each family's value (a shared fit could only split the difference)."""
@@ -196,6 +220,7 @@ def test_cross_validation_predicts_each_row_once_with_a_fit_that_never_saw_its_g
 @pytest.mark.parametrize("override, expect", [
     ("cv=chips", "cv: expected null or one of model, hardware, metric, got 'chips'"),
     ("cv=model", "cv: the reference file has one model only: nothing to hold out"),
+    ("prior_weight=-0.1", "prior_weight: must be >= 0, got -0.1"),
 ])
 def test_calibrate_rejects_a_bad_cross_validation_in_one_line(tmp_path, override, expect):
     path = write_rows(tmp_path / "rows.csv", [row(0), row(1, hardware="h200_sxm")])
