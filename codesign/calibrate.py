@@ -238,6 +238,8 @@ def calibration_yaml(params, fields, ref: Path, specs, records, history, penalty
     lines = ["# Serving-model parameters fitted by `python -m codesign.calibrate` (do not edit by hand: refit).",
              f"# Fitted on {len(specs)} rows of {ref.name}: {how[0]}", *how[1:],
              "# gradient-based least squares on log error (codesign/calibrate.py). Per-row errors are in `fit` below.",
+             *([f"# MAP: plus prior_weight={prior:g} x |z - z_start|^2 toward the starting config (conf/serving/"
+                f"default.yaml), in the fitted transform"] if prior else []),
              ""]
     for f in dataclasses.fields(ServingParams):
         v = float(getattr(pset.shared, f.name))
