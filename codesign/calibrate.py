@@ -254,7 +254,8 @@ def calibration_yaml(params, fields, ref: Path, specs, records, history, penalty
             lines.append(f"  {name}:")
             lines += [f"    {f}: {float(getattr(fp, f)):.6g}" for f in fields]
     lines += ["fit:", f"  data: {ref.name}", f"  rows: {len(specs)}", f"  iterations: {len(history)}",
-              (f"  final_objective: {history[-1]:.6g}  # mean squared log error + family penalty + prior"
+              (f"  final_objective: {history[-1]:.6g}  # mean squared log error"
+               + (" + family penalty" if pset.families else "") + (" + prior" if prior else "")
                if pset.families or prior
                else f"  final_mean_squared_log_error: {history[-1]:.6g}"),
               f"  median_abs_error_pct: {float(np.median(errs)):.2f}" if errs else "  median_abs_error_pct: null",
