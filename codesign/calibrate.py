@@ -263,7 +263,8 @@ def calibration_yaml(params, fields, ref: Path, specs, records, history, penalty
               "  fitted: [" + ", ".join(fields) + "]"]
     if pset.families:
         lines.append(f"  family_penalty: {penalty:g}")
-    lines.append(f"  prior_weight: {prior:g}  # |z - z_start|^2 toward the starting config (0: plain least squares)")
+    if prior:
+        lines.append(f"  prior_weight: {prior:g}  # x |z - z_start|^2 toward the starting config")
     lines.append("  per_row_error_pct:")
     for r in records:
         lines.append(f"    {r['id']}: {r['error_pct'] or 'null'}")
