@@ -263,6 +263,10 @@ def test_precision_recipes_per_model_and_block_scale_bytes():
     int4 = Precision.from_dict(load_yaml("precision/int4.yaml"))
     assert int4.routed_experts.bytes_per_weight == pytest.approx(4.5 / 8) and int4.routed_experts.math == "bf16"
     assert fp4.for_workload("qwen3_30b_a3b") is fp4  # no refinement: the generic recipe
+    # gpt-oss has no FP8 checkpoint: "fp8" (Hopper) runs its shipped MXFP4 experts in BF16 math (W4A16)
+    oss8 = Precision.from_dict(load_yaml("precision/fp8.yaml")).for_workload("gpt_oss_20b")
+    assert (oss8.routed_experts.weights, oss8.routed_experts.math) == ("mxfp4", "bf16")
+    assert oss8.attention.weights == "bf16" and oss8.kv_cache == "fp8"
 
 
 def test_fp4_weights_without_fp4_math_run_at_the_fp8_rate():
