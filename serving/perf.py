@@ -20,7 +20,8 @@ the 1-3 rows per expert of a big MoE model at high interactivity it made DeepSee
 at small batch; swap-AB and DeepGEMM's masked low-latency kernels) that stream the experts' weights; with the floor,
 below ~floor rows the compute shrinks with the rows and the weight reads (the memory term) bound the kernel.
 ``moe_rows_floor`` = 16 is that smallest tile (an assumption, not fitted: no calibration row has < 5 rows per
-expert). With it the refit's median |error| went 10.8% -> 8.0% and leave-one-model-out 32.3% -> 27.5% (README).
+expert). Adding it moved the refit's median |error| 10.8% -> 8.0% and leave-one-model-out 32.3% -> 27.5% (the
+calibration of 2026-12-04; the README has the current figures).
 
 A step adds its collectives (ring / tree all-reduce, all-to-all, p2p; ``collectives`` below), overlapped with
 compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit in on-chip SRAM stream from it
