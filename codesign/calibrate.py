@@ -5,7 +5,9 @@ offsets, :func:`fit_families`) or one shared by every chip (``families=false``),
 fitted to
 ``../shared/reference/measured_calibration.csv`` by gradient-based least squares on the log error,
 sum_rows (log predicted - log measured)^2, with the serving model's own JAX gradients (Adam; fractions are fitted
-through a logistic, positive quantities through a log, so every iterate is a valid parameter set). The result,
+through a logistic, positive quantities through a log, so every iterate is a valid parameter set), plus by default a
+weak Gaussian prior toward the starting config (``prior_weight``, MAP: cross-validation chose it, conf/calibrate.yaml;
+``prior_weight=0`` is plain least squares, ``conf/serving/calibrated_ls.yaml``). The result,
 with the fit's per-row errors, its median and the data it was fitted on, is written atomically to
 ``conf/serving/calibrated.yaml`` (``output=``), which configs select with ``serving=calibrated``. The fit is
 deterministic: same data, same start, same iterations, same file.

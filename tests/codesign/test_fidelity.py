@@ -169,10 +169,10 @@ def test_validate_command_rejects_a_bad_file_in_one_line(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not REFERENCE.exists(), reason="../shared/reference is not beside this checkout")
-@pytest.mark.parametrize("preset", ["calibrated", "calibrated_map"])
+@pytest.mark.parametrize("preset", ["calibrated", "calibrated_ls"])
 def test_validate_writes_every_row_and_reproduces_the_calibration_file_errors(tmp_path, preset):
-    """Each committed calibration (least squares; MAP with a prior) still predicts the rows as its fit recorded: a
-    change to the serving model that moves a prediction without a refit fails here."""
+    """Each committed calibration (MAP with a prior, the default; plain least squares) still predicts the rows as
+    its fit recorded: a change to the serving model that moves a prediction without a refit fails here."""
     calibrated = CONF_DIR / "serving" / f"{preset}.yaml"
     if not calibrated.exists():
         pytest.skip("no calibrated parameters committed yet")
