@@ -270,8 +270,8 @@ def assumptions(meta: dict) -> list[list[str]]:
     for k, v in serving.items():
         if k in fitted:
             out.append([f"serving.{k}", _fmt(v), "fitted",
-                        f"conf/serving/calibrated.yaml: fitted to {fit.get('data')} ({fit.get('rows')} rows, median "
-                        f"|error| {fit.get('median_abs_error_pct')}%, p90 {fit.get('p90_abs_error_pct')}%)"])
+                        f"the run's conf/serving calibration: fitted to {fit.get('data')} ({fit.get('rows')} rows, "
+                        f"median |error| {fit.get('median_abs_error_pct')}%, p90 {fit.get('p90_abs_error_pct')}%)"])
         else:
             why = (meta.get("serving_sources") or {}).get(k)
             out.append([f"serving.{k}", _fmt(v), "assumed",
