@@ -241,7 +241,8 @@ def calibration_yaml(params, fields, ref: Path, specs, records, history, penalty
              f"# Fitted on {len(specs)} rows of {ref.name}: {how[0]}", *how[1:],
              "# gradient-based least squares on log error (codesign/calibrate.py). Per-row errors are in `fit` below.",
              *([f"# MAP: plus prior_weight={prior:g} x |z - z_start|^2 toward the starting config (conf/serving/"
-                f"default.yaml), in the fitted transform"] if prior else []),
+                f"default.yaml), in the fitted transform"] if prior
+               else ["# Plain least squares: prior_weight=0, no prior toward the starting config"]),
              ""]
     for f in dataclasses.fields(ServingParams):
         v = float(getattr(pset.shared, f.name))
@@ -265,8 +266,8 @@ def calibration_yaml(params, fields, ref: Path, specs, records, history, penalty
               "  fitted: [" + ", ".join(fields) + "]"]
     if pset.families:
         lines.append(f"  family_penalty: {penalty:g}")
-    if prior:
-        lines.append(f"  prior_weight: {prior:g}  # x |z - z_start|^2 toward the starting config")
+    lines.append(f"  prior_weight: {prior:g}  # x |z - z_start|^2 toward the starting config"
+                 + ("" if prior else " (0: plain least squares)"))
     lines.append("  per_row_error_pct:")
     for r in records:
         lines.append(f"    {r['id']}: {r['error_pct'] or 'null'}")

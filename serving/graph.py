@@ -173,7 +173,7 @@ def price(kernels, precision: Precision):
               for c, n in k.weight_elements_by_class.items()}
         flops = {}
         for c, f in k.matmul_flops_by_class.items():
-            dt = precision.attention.math if c == WEIGHTLESS else precision.of(_recipe_class(c)).math
+            dt = precision.attention_core_math if c == WEIGHTLESS else precision.of(_recipe_class(c)).math
             flops[dt] = flops.get(dt, 0.0) + f
         kv = precision.kv_bytes_per_element
         out.append(dataclasses.replace(k, weight_bytes_by_class=wb, weight_bytes=sum(wb.values()),

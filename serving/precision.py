@@ -113,6 +113,14 @@ class Precision:
         return getattr(self, tensor_class)
 
     @property
+    def attention_core_math(self) -> str:
+        """The math dtype of the attention core (scores and values, activation x activation): the attention recipe's,
+        but not narrower than FP8. Serving engines' fused attention kernels (FlashAttention-3, TensorRT-LLM's FMHA
+        and XQA, FlashInfer) run FP8 Q/K/V at the narrowest; an FP4 attention recipe (NVIDIA's NVFP4 Llama
+        checkpoints) quantises the projection weights, and the attention itself runs on the FP8 KV cache."""
+        return "fp8" if self.attention.math == "fp4" else self.attention.math
+
+    @property
     def kv_bytes_per_element(self) -> float:
         return KV_BYTES[self.kv_cache]
 

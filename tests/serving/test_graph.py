@@ -8,6 +8,7 @@ checked against ModelArchitecture's parameter counts and FLOPs per token.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import time
@@ -21,7 +22,7 @@ from conftest import load_yaml
 from serving.architecture import ModelArchitecture
 from serving.graph import (ParallelMapping, annotate_comm, default_param_class, expected_distinct_experts,
                            load_imbalance, price, trace_kernels, trace_step)
-from serving.precision import BITS_PER_ELEMENT, Precision
+from serving.precision import BITS_PER_ELEMENT, Precision, TensorPrecision
 
 # ---------------------------------------------------------------------- a toy model following the conventions
 V, H, NH, KVH, D, F, E, K, FE = 64, 32, 4, 2, 8, 48, 8, 2, 16  # vocab, hidden, heads, kv heads, head dim, ...
@@ -190,6 +191,16 @@ def test_price_bytes_and_math_dtypes(toy_kernels):
     assert ks["lm_head"].flops_by_math_dtype == {"bf16": 2 * B * H * V}
     assert ks["layer_0/attention"].kv_read_bytes == 2 * B * S * KVH * D * 1.0  # re-priced to fp8
     assert toy_kernels["layer_0/attention"].kv_read_bytes == 2 * B * S * KVH * D * 2.0  # original untouched
+
+
+def test_fp4_attention_recipe_keeps_the_attention_core_at_fp8(toy_kernels):
+    """NVIDIA's NVFP4 Llama checkpoints quantise the q/k/v/o projections to FP4; the attention core (scores and
+    values) still runs on the FP8 KV cache at FP8: no serving engine's attention kernel computes in FP4."""
+    rec = dataclasses.replace(precision("fp4"), attention=TensorPrecision(weights="nvfp4", math="fp4"))
+    ks = {k.name: k for k in price(list(toy_kernels.values()), rec)}
+    assert ks["layer_0/attention"].flops_by_math_dtype == {"fp8": 4 * B * NH * S * D}
+    assert set(ks["layer_0/qkv_proj"].flops_by_math_dtype) == {"fp4"}  # the projections do run at FP4
+    assert precision("bf16").attention_core_math == "bf16" and precision("fp8").attention_core_math == "fp8"
 
 
 def test_loops_conditionals_and_nested_jit():
