@@ -2,8 +2,10 @@
 
 For N chips per instance (powers of two up to ``max_chips``): ``tpN`` (tensor parallel), and for MoE models also
 ``tpNepN`` (attention TP, experts EP), ``depN`` (attention data parallel + expert parallel, as SGLang / DeepSeek
-serve), ``tp2depN/2``; and pipeline-parallel variants ``tpN/2pp2`` for N >= 2. Degrees never exceed the attention
-heads (TP) or the experts (EP). Whether a mapping fits the chip (scale-up domain, memory) is decided by the
+serve), ``tp2depN/2``; and pipeline-parallel variants ``tpN/2pp2`` for N >= 2. A TP degree must divide the
+attention heads (every engine shards whole heads: TensorRT-LLM, vLLM and SGLang reject ``num_heads % tp != 0``), so
+72 or 96 chips give no ``tp36pp2`` / ``tp48pp2`` for 64- or 128-head models; an EP degree never exceeds the experts
+(a non-dividing EP, e.g. DeepSeek's 256 experts on 72 ranks, is served with redundant experts as EPLB does). Whether a mapping fits the chip (scale-up domain, memory) is decided by the
 serving model per design, which reports infeasible points with their reason.
 """
 
@@ -36,7 +38,7 @@ def enumerate_mappings(arch, max_chips: int) -> list[Mapping]:
         if n >= 2:
             cands.append(Mapping(tp=n // 2, pp=2))
         for m in cands:
-            if m.tp <= heads and m.ep <= max(arch.num_experts, 1) and m not in out:
+            if heads % int(m.tp) == 0 and m.ep <= max(arch.num_experts, 1) and m not in out:
                 out.append(m)
         n = n * 2 if n * 2 <= max_chips or n == max_chips else max_chips
         if n == max_chips and any(x.chips == max_chips for x in out):

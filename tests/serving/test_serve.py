@@ -180,6 +180,16 @@ def test_mappings_enumerated_for_dense_and_moe():
     assert {"tp8", "tp8ep8", "dep8", "tp2dep4"} <= moe
 
 
+@pytest.mark.parametrize("name, max_chips", [("llama3_70b", 72), ("deepseek_r1", 96), ("qwen3_30b_a3b", 72)])
+def test_tensor_parallel_degrees_shard_whole_heads(name, max_chips):
+    # Engines shard whole attention heads; 72 or 96 chips must not yield tp36pp2 / tp48pp2 for 64 / 128 heads.
+    a = arch(name)
+    tps = {int(m.tp) for m in enumerate_mappings(a, max_chips)}
+    assert tps and all(a.num_attention_heads % t == 0 for t in tps)
+    assert 36 not in tps and 48 not in tps
+    assert max(tps) == min(a.num_attention_heads, 64)  # the largest power of two the search reaches
+
+
 chip_values = st.fixed_dictionaries({
     "bf16_flops_per_s": st.floats(1e14, 1e16), "fp8_flops_per_s": st.floats(1e14, 2e16),
     "hbm_bandwidth_bytes_per_s": st.floats(1e12, 3e13), "sram_capacity_bytes": st.floats(1e6, 1e9),
