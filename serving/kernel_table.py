@@ -57,7 +57,8 @@ class KernelTable:
     p_act_r: np.ndarray  # ... per prefilled request
     p_act_t: np.ndarray  # ... per prefill token
     ctx_cap: np.ndarray  # window / chunk of sliding or chunked attention, else a large number
-    tp_allreduce: np.ndarray  # 1.0 where a TP all-reduce follows the kernel
+    tp_allreduce: np.ndarray  # 1.0 where a TP all-reduce follows the kernel (experts sharded over ep > 1 ranks)
+    tp_allreduce_ep1: np.ndarray  # ... when the routed experts are TP-sharded (ep = 1): their partial sums too
     ep_alltoall: np.ndarray  # 1.0 on the routed-experts kernels (dispatch + combine under EP)
     draft_count: np.ndarray  # how many of the ``count`` kernels one MTP draft step runs (last layer + lm_head)
     count: np.ndarray  # identical kernels merged into this row (the same kernel of every layer of one kind)
@@ -129,15 +130,19 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
     ref = ParallelMapping(tp=2, ep=2 if arch.num_experts else 1)  # to learn where collectives sit
     dec = {(b, c): trace_step(model, arch, "decode", b, 1, c, precision, mapping=ref)
            for b, c in ((1, DECODE_C0), (2, DECODE_C0), (1, 2 * DECODE_C0))}
+    # ... and where they sit with TP-sharded experts (tpN, ep = 1): the experts' output is a partial sum that needs
+    # its own all-reduce unless a shared expert's (summed into the same buffer) already takes it (a re-pricing of
+    # the cached trace, no new trace)
+    tp_only = trace_step(model, arch, "decode", 1, 1, DECODE_C0, precision, mapping=ParallelMapping(tp=2))
     t_pre = (PREFILL_T0, 2 * PREFILL_T0, 4 * PREFILL_T0)
     pre = {t: trace_step(model, arch, "prefill", 1, t, t, precision) for t in t_pre}
     names = _aligned(*dec.values(), *pre.values())
     g11, g21, g12 = dec[(1, DECODE_C0)], dec[(2, DECODE_C0)], dec[(1, 2 * DECODE_C0)]
     vander = np.asarray([[1.0, t, float(t) * t] for t in t_pre])
     rows = []
-    cols_k = [_by_name(g, names) for g in (g11, g21, g12, *(pre[t] for t in t_pre))]
+    cols_k = [_by_name(g, names) for g in (g11, g21, g12, *(pre[t] for t in t_pre), tp_only)]
     for i, name in enumerate(names):
-        a, b, c, q1, q2, q4 = (col[i] for col in cols_k)
+        a, b, c, q1, q2, q4, a_tp = (col[i] for col in cols_k)
         if a.kind == "other" and a.layer is None:  # a prefill-only kernel: take its identity from the prefill
             a = dataclasses.replace(q1, weight_bytes=q1.weight_bytes, comm=[])
 
@@ -168,6 +173,7 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
             d_act_b=max(act_b, 0.0), p_act_r=float(_clean(act_r, act_t, 0.0)), p_act_t=max(act_t, 0.0),
             ctx_cap=_kv_cap(arch, a.layer) if a.kind == "attention" else 1e12,
             tp_allreduce=float(any(x.op == "all_reduce" for x in a.comm)),
+            tp_allreduce_ep1=float(any(x.op == "all_reduce" for x in a_tp.comm)),
             ep_alltoall=float(any(x.op == "all_to_all" for x in a.comm)),
             # DeepSeek's MTP module is one more decoder layer (+ eh_proj) sharing the lm_head: its cost is that
             # of the last layer plus the head (eh_proj, 2h x h, is under 1% of a MoE layer and is left out)

@@ -292,7 +292,9 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     msg = tokens / m.dp * kt.hidden_size * kt.activation_bytes
     # every collective call also pays a fixed launch + synchronisation cost (NCCL-class small-message latency)
     call = p.collective_overhead_s
-    t_ar = kt.tp_allreduce * (allreduce_time(msg, m.tp, link, lat) + jnp.where(m.tp > 1.0, call, 0.0))
+    # with TP-sharded experts (ep = 1) a MoE layer without a shared expert all-reduces its experts' output too
+    has_ar = jnp.where(m.ep > 1.0, kt.tp_allreduce, kt.tp_allreduce_ep1)
+    t_ar = has_ar * (allreduce_time(msg, m.tp, link, lat) + jnp.where(m.tp > 1.0, call, 0.0))
     local = tokens / n_stage
     a2a_bytes = local * kt.experts_per_token * kt.hidden_size * kt.activation_bytes * (m.ep - 1) / m.ep
     t_a2a = kt.ep_alltoall * 2.0 * (ep_alltoall_time(local, kt.experts_per_token, m.ep, chip.scaleup_domain_chips,
@@ -301,7 +303,7 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     t_comm = t_ar + t_a2a
     n = kt.count
     flops_by_dtype = jnp.sum(flops_chip * n[:, None], axis=0)
-    link = kt.tp_allreduce * msg * 2.0 * (m.tp - 1) / m.tp + kt.ep_alltoall * 2 * a2a_bytes
+    link = has_ar * msg * 2.0 * (m.tp - 1) / m.tp + kt.ep_alltoall * 2 * a2a_bytes
     return {"t": t, "t_compute": t_compute, "t_memory": t_memory, "t_comm": t_comm,
             "flops_by_dtype": flops_by_dtype, "hbm_bytes": jnp.sum((moved - on_chip) * n),
             "sram_bytes": jnp.sum(on_chip * n), "link_bytes": jnp.sum(link * n)}

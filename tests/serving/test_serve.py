@@ -431,6 +431,28 @@ def test_padded_kernel_rows_change_nothing(kind):
         pad_kernels(kt, kt.num_kernels - 1)
 
 
+@pytest.mark.parametrize("name", ["llama3_70b", "gpt_oss_120b", "qwen3_30b_a3b", "deepseek_r1", "llama4_maverick"])
+def test_tensor_parallel_all_reduces_twice_per_layer_dense_or_moe(name):
+    """Megatron-LM TP (Shoeybi et al. 2019): one all-reduce after the attention output projection and one after the
+    FFN, whatever the FFN is. With TP-sharded experts (tp8, ep = 1) a MoE layer's routed-expert output is a partial
+    sum, reduced on its own (gpt-oss, Qwen3) or in the shared expert's buffer (DeepSeek, Llama 4). Closed form: link
+    bytes per step = layers x 2 x B x hidden x activation bytes x 2 (g - 1) / g (ring, Patarasuk & Yuan 2009). Under
+    tp8ep8 the experts all-to-all instead: one all-reduce per layer plus dispatch and combine of B / 8 local tokens'
+    k copies, (ep - 1) / ep of them leaving the rank, on every MoE layer."""
+    a, kt, b = arch(name), table(name, "fp8"), 64.0
+    ab, h = kt.activation_bytes, a.hidden_size
+    out = kernel_times(chip(), kt, DEFAULT, Mapping(tp=8), decode_work(b, 1024.0))
+    want = a.num_layers * 2 * b * h * ab * 2 * 7 / 8
+    assert float(out["link_bytes"]) == pytest.approx(want, rel=1e-6)
+    if a.num_experts:
+        moe_layers = sum(1 for k in a.layer_kinds() if k.ffn == "moe")
+        ep = kernel_times(chip(), kt, DEFAULT, Mapping(tp=8, ep=8), decode_work(b, 1024.0))
+        shared = 1 if "shared_expert" in kt.names else 0  # its all-reduce stays under EP
+        ars = a.num_layers + (a.num_layers - moe_layers) + shared * moe_layers
+        a2a = moe_layers * 2 * (b / 8) * a.experts_per_token * h * ab * 7 / 8
+        assert float(ep["link_bytes"]) == pytest.approx(ars * b * h * ab * 2 * 7 / 8 + a2a, rel=1e-6)
+
+
 @pytest.mark.parametrize("batch", [1, 8, 64, 1024])
 def test_expert_compute_follows_the_floored_moe_curve_in_closed_form(batch):
     """DeepSeek-R1's routed experts (models.md: 256 experts, 8 per token, hidden 7168, expert FFN 2048, SwiGLU:
