@@ -8,7 +8,8 @@ evaluation is one (design, mapping, concurrency). Per-core figures divide by the
 (``os.sched_getaffinity``), measured in the same run, so the ratio compares like with like.
 
 suite=validate: ``validate_rows`` reference rows (no measured values) spread over 8 models, 9 chips, the three
-InferenceX scenarios and three metrics (model varying fastest, so a few rows already cover every model), predicted
+InferenceX scenarios and all seven metrics of the schema (model varying fastest, the metric turning with every
+row, so a few hundred rows cover every model, chip and metric), predicted
 by ``codesign.validate.validate_rows`` in this fresh process: the kernel tables' traces (one per model and
 precision), then the rows, each timed.
 """
@@ -150,14 +151,19 @@ NO_FP4 = ("h100_sxm", "h200_sxm", "mi300x", "mi325x")  # their rows run FP8 (FP4
 
 def reference_rows(n: int) -> list[dict]:
     """``n`` rows in the reference schema (no measured values) over BENCH_MODELS x BENCH_CHIPS x the InferenceX
-    scenarios x {total tok/s per chip at 30 and 60 tok/s/user, max interactivity}, model varying fastest."""
+    scenarios x every metric of the schema (total tok/s per chip at 30 and 60 tok/s/user, max interactivity, peak
+    tok/s per kW, min E2E latency, max output tok/s per chip offline, disaggregated decode tok/s per chip): model
+    varying fastest and the metric turning with every row (8 models, 7 metrics: every pair within 56 rows), so a
+    few hundred rows cover every model, chip and metric; all 1512 rows are the whole product."""
     from codesign.fidelity import COLUMNS
 
     metrics = (("total_tput_per_chip_at_interactivity", "30"), ("total_tput_per_chip_at_interactivity", "60"),
-               ("max_interactivity", ""))
-    combos = itertools.product(((1024, 1024), (1024, 8192), (8192, 1024)), metrics, BENCH_CHIPS, BENCH_MODELS)
+               ("max_interactivity", ""), ("peak_total_tput_per_kw", ""), ("min_e2e_latency_s", ""),
+               ("max_output_tput_per_chip", ""), ("decode_output_tput_per_chip", ""))
+    base = list(itertools.product(((1024, 1024), (1024, 8192), (8192, 1024)), BENCH_CHIPS, BENCH_MODELS))
+    combos = ((metrics[(j + k) % len(metrics)], *b) for k in range(len(metrics)) for j, b in enumerate(base))
     rows = []
-    for i, ((isl, osl), (metric, inter), hw, model) in enumerate(itertools.islice(combos, n)):
+    for i, ((metric, inter), (isl, osl), hw, model) in enumerate(itertools.islice(combos, n)):
         rows.append(dict.fromkeys(COLUMNS, "") | dict(
             id=f"bench-{i}", model=model, hardware=hw, precision="fp8" if hw in NO_FP4 else "fp4", chips="8",
             mapping="best", isl=str(isl), osl=str(osl), input_dist="uniform_0.8_1.0", speculative="none",

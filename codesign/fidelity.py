@@ -13,7 +13,9 @@ concurrencies the benchmark would have searched and reads the metric the way the
   per chip) curve over concurrency, read at the row's interactivity by linear interpolation, best mapping;
 - ``prefill_input_tput_per_chip`` / ``decode_output_tput_per_chip``: disaggregated pools, each pool's best mapping;
 - ``max_interactivity``: tok/s/user at concurrency 1, best mapping;
-- ``peak_total_tput_per_kw``: best total tokens/s per chip over the chip rating;
+- ``peak_total_tput_per_kw``: best total tokens/s per chip over a kW basis the row names (:func:`power_basis`):
+  the chip's rating (the schema's definition; the custom-chip disclosure), or InferenceX's all-in provisioned kW
+  per GPU (``inferencex_allin_kw``) where the row's unit says all-in or its source is InferenceX;
 - ``min_e2e_latency_s``: lowest mean end-to-end latency.
 """
 
@@ -60,6 +62,7 @@ class RowSpec:
     metric: str
     interactivity: float | None
     value: float | None
+    power_basis: str = "rating"  # peak_total_tput_per_kw: "rating" (chip TDP) or "allin" (InferenceX all-in kW)
 
 
 def _int(row, key, where, *, required=True):
@@ -75,6 +78,20 @@ def _int(row, key, where, *, required=True):
     if not math.isfinite(v) or v <= 0 or v != int(v):
         raise ConfigError(where, f"{key}: must be a positive whole number, got {raw!r}")
     return int(v)
+
+
+def power_basis(row: dict) -> str:
+    """The kW a ``peak_total_tput_per_kw`` row divides by. The schema defines the chip's power rating, but
+    InferenceX's per-power figures divide by an all-in provisioned kW per GPU (reference README: host, network and
+    PUE; 2.17 kW for a 1 kW B200), a factor of ~2 apart. The row's unit decides where it names a basis (all-in /
+    provisioned, or rating / TDP); otherwise an InferenceX (SemiAnalysis, PowerX) source means all-in, anything
+    else the rating."""
+    unit, source = (row.get("unit") or "").lower(), (row.get("source") or "").lower()
+    if re.search(r"all[- ]?in|provisioned", unit):
+        return "allin"
+    if re.search(r"\btdp\b|rating|rated", unit):
+        return "rating"
+    return "allin" if re.search(r"inferencex|inferencemax|semianalysis|powerx", source) else "rating"
 
 
 def row_spec(row: dict, line: int, known_models, known_hardware) -> RowSpec:
@@ -123,7 +140,8 @@ def row_spec(row: dict, line: int, known_models, known_hardware) -> RowSpec:
     return RowSpec(row_id=(row.get("id") or f"row{line}").strip(), model=model, hardware=hw, precision=precision,
                    chips=_int(row, "chips", where, required=False), mapping=mapping,
                    isl=_int(row, "isl", where), osl=_int(row, "osl", where, required=osl_required), input_dist=dist,
-                   draft_tokens=int(m.group(1)) if m else 0, metric=metric, interactivity=inter, value=value)
+                   draft_tokens=int(m.group(1)) if m else 0, metric=metric, interactivity=inter, value=value,
+                   power_basis=power_basis(row) if metric == "peak_total_tput_per_kw" else "rating")
 
 
 def read_reference(path: Path, known_models, known_hardware) -> tuple[list[dict], list[RowSpec]]:
@@ -204,7 +222,8 @@ def read_metric(spec: RowSpec, out: dict, target=None):
     if spec.metric == "decode_output_tput_per_chip":
         return best(out["decode_output_tok_s_per_chip"])
     if spec.metric == "peak_total_tput_per_kw":
-        return best(out["total_tok_s_per_kw"])
+        allin = getattr(spec, "power_basis", "rating") == "allin"
+        return best(out["total_tok_s_per_allin_kw" if allin else "total_tok_s_per_kw"])
     if spec.metric == "min_e2e_latency_s":
         return best(out["e2e_s"], -1.0)
     if spec.metric == "max_interactivity":
@@ -288,13 +307,16 @@ class Predictor:
         if isinstance(params, ParamSet):
             params = params.for_vendor(self.vendor(spec))
         static, args, maps, sc = self._row_args(spec)
+        if spec.power_basis == "allin" and not float(args[0].allin_power_w[0]) > 0:
+            raise ConfigError(f"row {spec.row_id}", f"unit/source: per all-in kW (InferenceX's basis), but "
+                                                    f"{spec.hardware} has no all-in kW figure (allin_power_w)")
         if spec.metric == "max_output_tput_per_chip":
             value, i, c = _predict_row(params, static, *args)  # one program per scenario kind and size bucket
         else:
             # every grid metric in one program (per scenario kind and size bucket): a file mixing the closed-loop
             # metrics compiles once, not once per metric (compiles are most of a diverse file's time)
             values, idx, used = _predict_grid_metrics(params, *args)
-            k = GRID_METRICS.index(spec.metric)
+            k = GRID_READS.index((spec.metric, spec.power_basis))
             value, i, c = values[k], idx[k], used[k]
         return value, mapping_name(maps[int(i)]), int(c)
 
@@ -329,7 +351,8 @@ class Predictor:
 
         arch, chips, kt, sc, maps, stacked = self.inputs(spec)
         static = RowSpec(row_id="", model="", hardware="", precision="", chips=None, mapping="", isl=1, osl=None,
-                         input_dist="", draft_tokens=0, metric=spec.metric, interactivity=None, value=None)
+                         input_dist="", draft_tokens=0, metric=spec.metric, interactivity=None, value=None,
+                         power_basis=spec.power_basis)
         # Kernels and mappings padded to powers of two (neutral rows; padded mappings repeat the first, and every
         # arg-max takes the first of equal values, so a real mapping is always the one reported): rows of every
         # model share the compiles of their scenario kind and metric (a diverse file compiled once per model before).
@@ -377,20 +400,23 @@ def _metric_of(params, static, chips, kt, sc, maps, conc, target):
     return value, i, used[i, j]
 
 
-GRID_METRICS = ("total_tput_per_chip_at_interactivity", "max_interactivity", "peak_total_tput_per_kw",
-                "min_e2e_latency_s", "prefill_input_tput_per_chip", "decode_output_tput_per_chip")
+GRID_READS = tuple((m, "rating") for m in ("total_tput_per_chip_at_interactivity", "max_interactivity",
+                                            "peak_total_tput_per_kw", "min_e2e_latency_s",
+                                            "prefill_input_tput_per_chip", "decode_output_tput_per_chip")
+                   ) + (("peak_total_tput_per_kw", "allin"),)
 
 
 def _grid_metrics_of(params, chips, kt, sc, maps, conc, target):
     """Every metric read from the grid alone (all but max_output_tput_per_chip, which adds the KV-fill batch):
-    (values, mapping indices, concurrencies used), each in GRID_METRICS order."""
+    (values, mapping indices, concurrencies used), each in GRID_READS order (metric, kW basis)."""
     from types import SimpleNamespace
 
     from serving.serve import evaluate_grid
 
     out = {k: v[0] for k, v in evaluate_grid(chips, kt, params, sc, maps, conc).items()}  # [M, C]
     used = jnp.broadcast_to(conc[None, :], out["infeasible_code"].shape)
-    read = [read_metric(SimpleNamespace(metric=m, interactivity=None), out, target) for m in GRID_METRICS]
+    read = [read_metric(SimpleNamespace(metric=m, interactivity=None, power_basis=b), out, target)
+            for m, b in GRID_READS]
     return (jnp.stack([v for v, _, _ in read]), jnp.stack([i for _, i, _ in read]),
             jnp.stack([used[i, j] for _, i, j in read]))
 
