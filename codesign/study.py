@@ -31,8 +31,10 @@ from sweeps.runner import DesignSet, SharedInputs, init_ray, run_sweep
 from sweeps.store import SORT_KEYS, ResultStore, atomic_write_table
 
 # Bump when the evaluation changes what it computes for the same inputs: part of every sweep's identity.
-MODEL_VERSION = "serving-v3"  # v2: clock and HBM speed-bin axes in every design; v3: prefill lm_head on the
-# last position only, the grouped-MoE rows floor (serving/perf.py): stored rows of v2 are not reused
+MODEL_VERSION = "serving-v4"  # v2: clock and HBM speed-bin axes in every design; v3: prefill lm_head on the
+# last position only, the grouped-MoE rows floor (serving/perf.py); v4: TP-sharded experts all-reduce their output,
+# TP degrees divide the heads, FP4 recipes' attention core at FP8: stored rows of older versions are not reused
+# (bump it with every change to what the serving model computes)
 SERVING_DEFAULTS = CONF_DIR / "serving" / "default.yaml"  # the starting point of every fit (codesign.calibrate)
 MODEL_NOTE = ("kernel-level serving model over the traced operator graph (serving/serve.py) with the serving "
               "parameters of conf/serving (the default, calibrated.yaml, is fitted to measured_calibration.csv: see "
