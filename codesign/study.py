@@ -18,6 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import arch_space
+import serving
 from arch_space.chip import NUMERIC_FIELDS, stack
 from arch_space.design_space import AXES, derive_chips, design_ids
 from codesign.cli import CONF_DIR
@@ -28,13 +30,15 @@ from serving.kernel_table import build_kernel_table
 from serving.mappings import enumerate_mappings, mapping_name
 from serving.serve import stack_mappings
 from sweeps.runner import DesignSet, SharedInputs, init_ray, run_sweep
-from sweeps.store import SORT_KEYS, ResultStore, atomic_write_table
+from sweeps.store import SORT_KEYS, ResultStore, atomic_write_table, source_fingerprint
 
 # Bump when the evaluation changes what it computes for the same inputs: part of every sweep's identity.
 MODEL_VERSION = "serving-v4"  # v2: clock and HBM speed-bin axes in every design; v3: prefill lm_head on the
 # last position only, the grouped-MoE rows floor (serving/perf.py); v4: TP-sharded experts all-reduce their output,
-# TP degrees divide the heads, FP4 recipes' attention core at FP8: stored rows of older versions are not reused
-# (bump it with every change to what the serving model computes)
+# TP degrees divide the heads, FP4 recipes' attention core at FP8: stored rows of older versions are not reused.
+# The version is the human-readable label; MODEL_CODE (a hash of arch_space/ and serving/) makes any source change a
+# new sweep even where nobody bumped it.
+MODEL_CODE = source_fingerprint(Path(arch_space.__file__).parent, Path(serving.__file__).parent)
 SERVING_DEFAULTS = CONF_DIR / "serving" / "default.yaml"  # the starting point of every fit (codesign.calibrate)
 MODEL_NOTE = ("kernel-level serving model over the traced operator graph (serving/serve.py) with the serving "
               "parameters of conf/serving (the default, calibrated.yaml, is fitted to measured_calibration.csv: see "
@@ -108,6 +112,7 @@ def sweep_definition(study: Study, design_sets: list[DesignSet], arch=None) -> d
     ids = sorted(i for ds in design_sets for i in ds.design_id)
     return {
         "model_version": MODEL_VERSION,
+        "model_code": MODEL_CODE,  # the sources of the pure computation: any change to them is a new sweep
         "workload": dataclasses.asdict(arch),  # the architecture itself (a preset, a mix member or an hf_config)
         "precision": raw["precision"], "scenario": raw["scenario"],
         "serving": raw["serving"], "mappings": [mapping_name(m) for m in study_mappings(study, arch)],

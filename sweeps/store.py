@@ -32,6 +32,22 @@ def definition_hash(definition: dict, length: int = 16) -> str:
     return hashlib.sha256(canonical_json(definition).encode()).hexdigest()[:length]
 
 
+def source_fingerprint(*package_dirs: Path, length: int = 16) -> str:
+    """Hash of the Python sources under ``package_dirs`` (relative paths and contents; caches and bytecode
+    ignored). In a sweep's definition it makes a change to the code that computes the rows a new sweep, so a
+    re-run never resumes rows an older model computed (a forgotten version bump cannot leak them into a study)."""
+    h = hashlib.sha256()
+    for root in package_dirs:
+        root = Path(root)
+        for f in sorted(root.rglob("*.py")):
+            if "__pycache__" in f.parts:
+                continue
+            h.update(f"{root.name}/{f.relative_to(root).as_posix()}\0".encode())
+            h.update(f.read_bytes())
+            h.update(b"\0")
+    return h.hexdigest()[:length]
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -15,7 +15,7 @@ from serving.perf import Mapping, ServingParams
 from serving.serve import stack_mappings
 from serving.scenario import Scenario
 from sweeps.runner import DesignSet, SharedInputs, evaluate_rows, run_sweep
-from sweeps.store import ResultStore, atomic_write_table, definition_hash
+from sweeps.store import ResultStore, atomic_write_table, definition_hash, source_fingerprint
 from conftest import load_yaml, tables_equal
 
 
@@ -25,6 +25,29 @@ def test_hash_is_canonical_and_follows_content():
     assert definition_hash(a) == definition_hash(b)
     assert definition_hash(a) != definition_hash(a | {"tp": [1, 2, 4]})
     assert definition_hash({"x": 1e15}) == definition_hash({"x": 1.0e+15})
+
+
+def test_source_fingerprint_follows_the_sources_and_nothing_else(tmp_path):
+    import hashlib
+
+    pkg = tmp_path / "serving"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "perf.py").write_text("x = 1\n")
+    (pkg / "models" / "llama.py").write_text("y = 2\n")
+    base = source_fingerprint(pkg)
+    # an independent oracle: sha256 over "<package>/<relative path>\0<bytes>\0" in sorted path order
+    want = hashlib.sha256(b"serving/models/llama.py\0y = 2\n\0serving/perf.py\0x = 1\n\0").hexdigest()[:16]
+    assert base == want
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "perf.cpython-311.py").write_text("stale")
+    (pkg / "notes.txt").write_text("not code")
+    assert source_fingerprint(pkg) == base  # bytecode caches and non-Python files do not count
+    (pkg / "perf.py").write_text("x = 2\n")
+    changed = source_fingerprint(pkg)
+    (pkg / "perf.py").write_text("x = 1\n")
+    (pkg / "graph.py").write_text("")
+    added = source_fingerprint(pkg)
+    assert len({base, changed, added}) == 3
 
 
 def test_atomic_write_leaves_nothing_half_written(tmp_path, monkeypatch):
