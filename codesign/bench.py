@@ -155,7 +155,7 @@ def reference_rows(n: int) -> list[dict]:
     tok/s per kW, min E2E latency, max output tok/s per chip offline, disaggregated decode tok/s per chip): model
     varying fastest and the metric turning with every row (8 models, 7 metrics: every pair within 56 rows), so a
     few hundred rows cover every model, chip and metric; all 1512 rows are the whole product."""
-    from codesign.fidelity import COLUMNS
+    from codesign.reference import COLUMNS
 
     metrics = (("total_tput_per_chip_at_interactivity", "30"), ("total_tput_per_chip_at_interactivity", "60"),
                ("max_interactivity", ""), ("peak_total_tput_per_kw", ""), ("min_e2e_latency_s", ""),
@@ -174,7 +174,8 @@ def reference_rows(n: int) -> list[dict]:
 def bench_validate(params, rows: int) -> dict:
     import tempfile
 
-    from codesign.fidelity import COLUMNS, Predictor, read_reference
+    from codesign.fidelity import Predictor
+    from codesign.reference import COLUMNS, read_reference
     from codesign.validate import validate_rows, write_csv
 
     predictor = Predictor(CONF_DIR)

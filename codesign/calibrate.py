@@ -29,7 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 from arch_space.errors import ConfigError
 from arch_space.validation import check_names, check_quantity
 from codesign.cli import CONF_DIR, entry, fail, output_path
-from codesign.fidelity import Predictor, read_reference, row_log_error
+from codesign.fidelity import Predictor, row_log_error
+from codesign.reference import read_reference
 from serving.perf import FRACTIONS, ServingParams
 from sweeps.store import atomic_write_text
 

@@ -23,7 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from arch_space.errors import ConfigError
 from arch_space.validation import check_quantity
 from codesign.cli import CONF_DIR, entry, fail, output_path
-from codesign.fidelity import COLUMNS, Predictor, read_reference
+from codesign.fidelity import Predictor
+from codesign.reference import COLUMNS, read_reference
 from serving.perf import ParamSet
 from sweeps.store import atomic_write_text
 

@@ -12,7 +12,8 @@ import pytest
 from arch_space.errors import ConfigError
 from codesign.calibrate import fit, fit_families
 from codesign.cli import CONF_DIR
-from codesign.fidelity import COLUMNS, Predictor, read_reference
+from codesign.fidelity import Predictor
+from codesign.reference import COLUMNS, read_reference
 from serving.perf import ServingParams
 from conftest import load_yaml
 
