@@ -52,6 +52,17 @@ def _int(row, key, where, *, required=True):
     return int(v)
 
 
+def _positive(row, key, where, what: str) -> float:
+    raw = (row.get(key) or "").strip()
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ConfigError(where, f"{key}: {what}, got {raw!r}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise ConfigError(where, f"{key}: must be > 0, got {raw!r}")
+    return v
+
+
 def power_basis(row: dict) -> str:
     """The kW a ``peak_total_tput_per_kw`` row divides by. The schema defines the chip's power rating, but
     InferenceX's per-power figures divide by an all-in provisioned kW per GPU (reference README: host, network and
@@ -92,22 +103,8 @@ def row_spec(row: dict, line: int, known_models, known_hardware) -> RowSpec:
         raise ConfigError(where, f"speculative: expected none or mtpN, got {spec!r}")
     inter = None
     if metric == "total_tput_per_chip_at_interactivity":
-        raw = (row.get("interactivity") or "").strip()
-        try:
-            inter = float(raw)
-        except ValueError:
-            raise ConfigError(where, f"interactivity: a number is required for {metric}, got {raw!r}") from None
-        if not math.isfinite(inter) or inter <= 0:
-            raise ConfigError(where, f"interactivity: must be > 0, got {raw!r}")
-    value = None
-    raw = (row.get("value") or "").strip()
-    if raw:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(where, f"value: expected a number, got {raw!r}") from None
-        if not math.isfinite(value) or value <= 0:
-            raise ConfigError(where, f"value: must be > 0, got {raw!r}")
+        inter = _positive(row, "interactivity", where, f"a number is required for {metric}")
+    value = _positive(row, "value", where, "expected a number") if (row.get("value") or "").strip() else None
     osl_required = mapping != "disaggregated"
     return RowSpec(row_id=(row.get("id") or f"row{line}").strip(), model=model, hardware=hw, precision=precision,
                    chips=_int(row, "chips", where, required=False), mapping=mapping,
