@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 import arch_space
 import serving
+import sweeps
 from arch_space.chip import NUMERIC_FIELDS, stack
 from arch_space.design_space import AXES, derive_chips, design_ids
 from codesign.cli import CONF_DIR
@@ -36,9 +37,9 @@ from sweeps.store import SORT_KEYS, ResultStore, atomic_write_table, source_fing
 MODEL_VERSION = "serving-v4"  # v2: clock and HBM speed-bin axes in every design; v3: prefill lm_head on the
 # last position only, the grouped-MoE rows floor (serving/perf.py); v4: TP-sharded experts all-reduce their output,
 # TP degrees divide the heads, FP4 recipes' attention core at FP8: stored rows of older versions are not reused.
-# The version is the human-readable label; MODEL_CODE (a hash of arch_space/ and serving/) makes any source change a
-# new sweep even where nobody bumped it.
-MODEL_CODE = source_fingerprint(Path(arch_space.__file__).parent, Path(serving.__file__).parent)
+# The version is the human-readable label; MODEL_CODE (a hash of arch_space/, serving/ and sweeps/: the chips, the
+# model and the runner that writes the rows) makes any source change a new sweep even where nobody bumped it.
+MODEL_CODE = source_fingerprint(*(Path(pkg.__file__).parent for pkg in (arch_space, serving, sweeps)))
 SERVING_DEFAULTS = CONF_DIR / "serving" / "default.yaml"  # the starting point of every fit (codesign.calibrate)
 MODEL_NOTE = ("kernel-level serving model over the traced operator graph (serving/serve.py) with the serving "
               "parameters of conf/serving (the default, calibrated.yaml, is fitted to measured_calibration.csv: see "
@@ -112,7 +113,7 @@ def sweep_definition(study: Study, design_sets: list[DesignSet], arch=None) -> d
     ids = sorted(i for ds in design_sets for i in ds.design_id)
     return {
         "model_version": MODEL_VERSION,
-        "model_code": MODEL_CODE,  # the sources of the pure computation: any change to them is a new sweep
+        "model_code": MODEL_CODE,  # the sources that compute and write the rows: any change to them is a new sweep
         "workload": dataclasses.asdict(arch),  # the architecture itself (a preset, a mix member or an hf_config)
         "precision": raw["precision"], "scenario": raw["scenario"],
         "serving": raw["serving"], "mappings": [mapping_name(m) for m in study_mappings(study, arch)],

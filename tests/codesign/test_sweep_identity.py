@@ -42,17 +42,18 @@ def test_what_defines_results_changes_the_identity(override):
 
 
 def test_the_model_code_is_part_of_the_identity():
-    """A change to arch_space/ or serving/ is a new sweep: its hash is in every definition."""
+    """A change to arch_space/, serving/ or sweeps/ is a new sweep: their hash is in every definition."""
     from pathlib import Path
 
     import arch_space
     import serving
+    import sweeps
     from sweeps.store import source_fingerprint
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_container(compose("config", overrides=["experiment=smoke"]), resolve=True)
     study = load_study(cfg)
     definition = sweep_definition(study, [preset_designs(study)] + candidate_designs(study))
-    code = source_fingerprint(Path(arch_space.__file__).parent, Path(serving.__file__).parent)
+    code = source_fingerprint(*(Path(pkg.__file__).parent for pkg in (arch_space, serving, sweeps)))
     assert definition["model_code"] == code
     assert definition_hash(definition | {"model_code": "0" * 16}) != BASE
