@@ -309,9 +309,23 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
             "sram_bytes": jnp.sum(on_chip * n), "link_bytes": jnp.sum(link * n)}
 
 
+def micro_batch(m: Mapping, w: Work) -> Work:
+    """Per chip, one iteration of a pipeline-parallel mapping is the whole layer stack at one micro-batch's work.
+
+    Under pp stages the B decoding sequences run as mb = min(B, pp) micro-batches, one per stage at a time (GPipe,
+    Huang et al. 2019; Megatron-LM's PP, Narayanan et al. 2021): an iteration (every sequence one token) is pp
+    stage-steps on each chip, each over L / pp layers at B / mb sequences, so each chip runs L layer-passes at
+    B / mb sequences, reading its stage's weights once per micro-batch (W / tp in all, as without PP) and doing
+    1 / mb of the FLOPs. With B < pp stages idle while one sequence passes through the others (the stack at one
+    sequence); with pp = 1 the work is unchanged. A prefill carried by the step splits the same way."""
+    mb = jnp.clip(w.decode_tokens, 1.0, m.pp)
+    return dataclasses.replace(w, decode_tokens=w.decode_tokens / mb, prefill_requests=w.prefill_requests / mb)
+
+
 def step_time(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: Work, clock=1.0):
-    """One step on the mapping: kernels (layers split over pp stages, pp micro-batches in flight), collectives
+    """One iteration on the mapping: kernels (layers split over pp stages, :func:`micro_batch`), collectives
     overlapped by ``comm_overlap``, PP send/recv, step overhead. Returns (seconds, details)."""
+    w = micro_batch(m, w)
     kt_out = kernel_times(chip, kt, p, m, w, clock)
     t_cm = jnp.sum(kt_out["t"] * kt.count)
     t_comm = jnp.sum(kt_out["t_comm"] * kt.count)

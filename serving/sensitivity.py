@@ -29,8 +29,8 @@ import numpy as np
 from arch_space.chip import NUMERIC_FIELDS, Chip
 from arch_space.errors import ConfigError
 from serving.kernel_table import KernelTable
-from serving.perf import Mapping, ServingParams, Work, kernel_times, max_sequences, memory_code, power_capped, \
-    step_time
+from serving.perf import Mapping, ServingParams, Work, kernel_times, max_sequences, memory_code, micro_batch, \
+    power_capped, step_time
 from serving.precision import MATH_DTYPES
 from serving.scenario import Scenario
 from serving.serve import METRICS, _lengths, evaluate_point, prefill_terms, step_mix
@@ -235,6 +235,7 @@ def _split(chip, kt, p, m, w, drafts):
     """A step's (power-capped) time by what binds, plus ``drafts`` MTP draft passes as serve.evaluate_point adds
     them: t_iter = t_step + drafts x t_draft_layer / clock."""
     t0, out = step_time(chip, kt, p, m, w)
+    w = micro_batch(m, w)  # what step_time ran: its p2p term below is per micro-batch
     t, _, clock = power_capped(chip, out, t0)
     runs = kt.count + drafts * kt.draft_count  # kernel executions: the step's, then each draft's last layer + head
     bound = out["t_compute"] >= out["t_memory"]  # a kernel costs max(compute, memory): the larger one binds
@@ -283,7 +284,9 @@ def time_attribution(chip: Chip, kt: KernelTable, params: ServingParams, scenari
 def _rows(chip, kt, p, m, w):
     """Per kernel row: FLOPs by dtype, bytes moved and time, each x count, per chip. kernel_times only returns step
     totals, and those are sums over rows weighted by ``count``; a one-hot ``count`` reads one row's FLOPs and
-    moved bytes (SRAM + HBM: the split depends on the total resident bytes, their sum does not)."""
+    moved bytes (SRAM + HBM: the split depends on the total resident bytes, their sum does not). Under PP, per
+    iteration: the stack at one micro-batch (serving.perf.micro_batch), as step_time runs it."""
+    w = micro_batch(m, w)
     out = kernel_times(chip, kt, p, m, w)
 
     def one(onehot):

@@ -8,6 +8,7 @@ where a GEMM turns compute bound, Leviathan et al.'s expected accepted tokens, a
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -429,6 +430,30 @@ def test_padded_kernel_rows_change_nothing(kind):
         np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=1e-6, err_msg=key)
     with pytest.raises(ValueError):
         pad_kernels(kt, kt.num_kernels - 1)
+
+
+@pytest.mark.parametrize("batch", [1.0, 2.0, 64.0, 512.0])
+def test_pipeline_iteration_is_the_stack_at_one_micro_batch(batch):
+    """PP over 2 stages: B sequences as min(B, 2) micro-batches (GPipe). Conservation: an iteration's FLOPs per chip
+    are the step's FLOPs over all chips whatever the split (tp2pp2 = tp4 for B >= 2; at B = 1 the stages run in
+    turn, so a chip does its half of the layers but the iteration lasts the whole stack: tp2's time). Time: the
+    stack at B / 2 on tp2 (each stage's weights read once per micro-batch: W / tp per iteration), plus the
+    send/recv of one micro-batch's hidden states."""
+    kt, c = table("llama3_70b", "fp8"), chip()
+    w = decode_work(batch, 1024.0)
+    t_pp, out_pp = step_time(c, kt, DEFAULT, Mapping(tp=2, pp=2), w)
+    _, out_tp4 = step_time(c, kt, DEFAULT, Mapping(tp=4), w)
+    mb = min(batch, 2.0)
+    t_half, out_half = step_time(c, kt, DEFAULT, Mapping(tp=2), decode_work(batch / mb, 1024.0))
+    flops = lambda o: float(jnp.sum(o["flops_by_dtype"]))
+    if batch >= 2:
+        assert flops(out_pp) == pytest.approx(flops(out_tp4), rel=1e-5)
+    assert flops(out_pp) == pytest.approx(flops(out_half), rel=1e-6)
+    p2p = (batch / mb) * 8192 * kt.activation_bytes / (450e9 * DEFAULT.link_efficiency) + 1e-6
+    assert float(t_pp) == pytest.approx(float(t_half) + p2p, rel=1e-5)
+    # no PP, no change: the step at B itself
+    t_tp2, _ = step_time(c, kt, DEFAULT, Mapping(tp=2), w)
+    assert float(step_time(c, kt, DEFAULT, Mapping(tp=2, pp=1), w)[0]) == float(t_tp2)
 
 
 @pytest.mark.parametrize("name", ["llama3_70b", "gpt_oss_120b", "qwen3_30b_a3b", "deepseek_r1", "llama4_maverick"])
