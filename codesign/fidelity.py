@@ -93,8 +93,7 @@ def read_metric(spec: RowSpec, out: dict, target=None):
     if spec.metric == "decode_output_tput_per_chip":
         return best(out["decode_output_tok_s_per_chip"])
     if spec.metric == "peak_total_tput_per_kw":
-        allin = getattr(spec, "power_basis", "rating") == "allin"
-        return best(out["total_tok_s_per_allin_kw" if allin else "total_tok_s_per_kw"])
+        return best(out["total_tok_s_per_allin_kw" if spec.power_basis == "allin" else "total_tok_s_per_kw"])
     if spec.metric == "min_e2e_latency_s":
         return best(out["e2e_s"], -1.0)
     if spec.metric == "max_interactivity":
@@ -151,8 +150,7 @@ class Predictor:
 
         arch = self._get(("arch", spec.model),
                          lambda: ModelArchitecture.from_dict(self._load(f"workload/{spec.model}.yaml")))
-        chip = self._get(("chip", spec.hardware),
-                         lambda: Chip.from_dict(self._load(f"hardware/{spec.hardware}.yaml"), spec.hardware))
+        chip = self.chip(spec)
         precision = self._get(("prec", spec.precision),
                               lambda: Precision.from_dict(self._load(f"precision/{spec.precision}.yaml")))
         sc = scenario_for(spec, arch, chip)
@@ -161,26 +159,29 @@ class Predictor:
         maps = mappings_for(spec, arch, sc.max_chips)
         return arch, stack([chip]), kt, sc, maps, stack_mappings(maps)
 
-    def vendor(self, spec: RowSpec) -> str:
-        """The row's chip vendor (whose family's serving parameters predict it)."""
+    def chip(self, spec: RowSpec):
+        """The row's hardware preset as a Chip (loaded once per name)."""
         from arch_space.chip import Chip
 
         return self._get(("chip", spec.hardware),
-                         lambda: Chip.from_dict(self._load(f"hardware/{spec.hardware}.yaml"), spec.hardware)).vendor
+                         lambda: Chip.from_dict(self._load(f"hardware/{spec.hardware}.yaml"), spec.hardware))
+
+    def vendor(self, spec: RowSpec) -> str:
+        """The row's chip vendor (whose family's serving parameters predict it)."""
+        return self.chip(spec).vendor
 
     def predict(self, spec: RowSpec, params):
         """(value, mapping name, concurrency) for the row under serving parameters ``params`` (a ServingParams, or
         a ParamSet: the set of the row's chip's vendor family)."""
         from serving.mappings import mapping_name
         from serving.perf import ParamSet
-        from serving.serve import evaluate_grid
 
+        if spec.power_basis == "allin" and not float(self.chip(spec).allin_power_w) > 0:
+            raise ConfigError(f"row {spec.row_id}", f"unit/source: per all-in kW (InferenceX's basis), but "
+                                                    f"{spec.hardware} has no all-in kW figure (allin_power_w)")
         if isinstance(params, ParamSet):
             params = params.for_vendor(self.vendor(spec))
         static, args, maps, sc = self._row_args(spec)
-        if spec.power_basis == "allin" and not float(args[0].allin_power_w[0]) > 0:
-            raise ConfigError(f"row {spec.row_id}", f"unit/source: per all-in kW (InferenceX's basis), but "
-                                                    f"{spec.hardware} has no all-in kW figure (allin_power_w)")
         if spec.metric == "max_output_tput_per_chip":
             value, i, c = _predict_row(params, static, *args)  # one program per scenario kind and size bucket
         else:
@@ -214,9 +215,9 @@ class Predictor:
         return "no feasible operating point reaches this metric"
 
     def _row_args(self, spec: RowSpec, least_mappings: int = 16):
-        """(static metric key, traced arguments, the row's mappings, its scenario): only the metric shapes the
-        program, everything else is data, so rows of one scenario kind share one compile (prediction and gradient
-        alike)."""
+        """(static metric key, traced arguments, the row's mappings, its scenario): only the metric (and a per-kW
+        row's basis) shapes the fit's program, everything else is data, so rows of one scenario kind share one
+        compile; predictions of every grid metric share one program per scenario kind (:func:`_grid_metrics_of`)."""
         from serving.kernel_table import pad_kernels
         from serving.serve import stack_mappings
 
@@ -246,12 +247,17 @@ def _bucket(n: int, least: int = 8) -> int:
     return max(least, 1 << (int(n) - 1).bit_length())
 
 
-def _metric_of(params, static, chips, kt, sc, maps, conc, target):
-    """(value, mapping index, concurrency used) of the row's metric over its mappings and concurrencies."""
+def _grid(params, chips, kt, sc, maps, conc):
+    """The row's grid (one design: arrays [M, C]) and the concurrency each point ran at."""
     from serving.serve import evaluate_grid
 
-    out = {k: v[0] for k, v in evaluate_grid(chips, kt, params, sc, maps, conc).items()}  # [M, C]
-    used = jnp.broadcast_to(conc[None, :], out["infeasible_code"].shape)
+    out = {k: v[0] for k, v in evaluate_grid(chips, kt, params, sc, maps, conc).items()}
+    return out, jnp.broadcast_to(conc[None, :], out["infeasible_code"].shape)
+
+
+def _metric_of(params, static, chips, kt, sc, maps, conc, target):
+    """(value, mapping index, concurrency used) of the row's metric over its mappings and concurrencies."""
+    out, used = _grid(params, chips, kt, sc, maps, conc)
     if static.metric == "max_output_tput_per_chip":
         # trtllm-bench queues every request and admits as many as its KV cache holds at their full context
         # (GUARANTEED_NO_EVICT): that batch is rarely a power of two, and where the cache is the limit (long
@@ -282,10 +288,7 @@ def _grid_metrics_of(params, chips, kt, sc, maps, conc, target):
     (values, mapping indices, concurrencies used), each in GRID_READS order (metric, kW basis)."""
     from types import SimpleNamespace
 
-    from serving.serve import evaluate_grid
-
-    out = {k: v[0] for k, v in evaluate_grid(chips, kt, params, sc, maps, conc).items()}  # [M, C]
-    used = jnp.broadcast_to(conc[None, :], out["infeasible_code"].shape)
+    out, used = _grid(params, chips, kt, sc, maps, conc)
     read = [read_metric(SimpleNamespace(metric=m, interactivity=None, power_basis=b), out, target)
             for m, b in GRID_READS]
     return (jnp.stack([v for v, _, _ in read]), jnp.stack([i for _, i, _ in read]),

@@ -5,8 +5,9 @@ For N chips per instance (powers of two up to ``max_chips``): ``tpN`` (tensor pa
 serve), ``tp2depN/2``; and pipeline-parallel variants ``tpN/2pp2`` for N >= 2. A TP degree must divide the
 attention heads (every engine shards whole heads: TensorRT-LLM, vLLM and SGLang reject ``num_heads % tp != 0``), so
 72 or 96 chips give no ``tp36pp2`` / ``tp48pp2`` for 64- or 128-head models; an EP degree never exceeds the experts
-(a non-dividing EP, e.g. DeepSeek's 256 experts on 72 ranks, is served with redundant experts as EPLB does). Whether a mapping fits the chip (scale-up domain, memory) is decided by the
-serving model per design, which reports infeasible points with their reason.
+(a non-dividing EP, e.g. DeepSeek's 256 experts on 72 ranks, is served with redundant experts as EPLB does).
+Whether a mapping fits the chip (scale-up domain, memory) is decided by the serving model per design, which reports
+infeasible points with their reason.
 """
 
 from __future__ import annotations

@@ -334,6 +334,7 @@ def step_time(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: Work
     p2p = (m.pp - 1.0) * (tokens * kt.hidden_size * kt.activation_bytes
                           / (chip.scaleup_bandwidth_bytes_per_s * p.link_efficiency) + chip.scaleup_latency_s)
     kt_out["t_draft_layer"] = jnp.sum(kt_out["t"] * kt.draft_count)
+    kt_out["t_p2p"] = p2p
     return overlapped + p2p + p.step_overhead_s, kt_out
 
 

@@ -235,7 +235,6 @@ def _split(chip, kt, p, m, w, drafts):
     """A step's (power-capped) time by what binds, plus ``drafts`` MTP draft passes as serve.evaluate_point adds
     them: t_iter = t_step + drafts x t_draft_layer / clock."""
     t0, out = step_time(chip, kt, p, m, w)
-    w = micro_batch(m, w)  # what step_time ran: its p2p term below is per micro-batch
     t, _, clock = power_capped(chip, out, t0)
     runs = kt.count + drafts * kt.draft_count  # kernel executions: the step's, then each draft's last layer + head
     bound = out["t_compute"] >= out["t_memory"]  # a kernel costs max(compute, memory): the larger one binds
@@ -245,12 +244,9 @@ def _split(chip, kt, p, m, w, drafts):
     # step_time: t_cm + t_comm - overlap x min(t_cm, t_comm): what is not hidden is exposed network time
     t_cm, t_comm = jnp.sum(out["t"] * kt.count), jnp.sum(out["t_comm"] * kt.count)
     exposed = t_comm - p.comm_overlap * jnp.minimum(t_cm, t_comm)
-    tokens = w.decode_tokens * w.decode_queries + w.prefill_requests * w.prefill_len
-    p2p = (m.pp - 1.0) * (tokens * kt.hidden_size * kt.activation_bytes
-                          / (chip.scaleup_bandwidth_bytes_per_s * p.link_efficiency) + chip.scaleup_latency_s)
     draft_s = drafts * out["t_draft_layer"]
     power = (t - t0) + draft_s * (1.0 / clock - 1.0)  # the cap stretches the step and its drafts by 1 / clock
-    return {"compute_s": compute, "memory_s": memory, "network_s": exposed + p2p, "overhead_s": overhead,
+    return {"compute_s": compute, "memory_s": memory, "network_s": exposed + out["t_p2p"], "overhead_s": overhead,
             "power_s": power, "total_s": t + draft_s / clock}
 
 
