@@ -9,7 +9,8 @@
 - ``agentic``: multi-turn sessions: each turn appends ``turn_input_tokens`` (user / tool output) and generates
   ``osl_tokens``; a prefix cache keeps ``prefix_cache_hit_rate`` of the earlier context; ``tool_gap_s`` passes
   between turns; the latency of a chain of ``chain_steps`` dependent turns is reported.
-Any kind may add speculative decoding with an MTP draft (``draft_tokens``, ``acceptance_rate``).
+Any kind may add speculative decoding with an MTP draft (``draft_tokens``; ``first_acceptance_rate`` for the first
+draft token, ``acceptance_rate`` for each later one given the earlier were accepted).
 
 Lengths are nominal; ``uniform_0.8_1.0`` draws each request's lengths uniformly in [0.8, 1.0] x nominal, so
 their means are 0.9 x nominal (memory is sized for the nominal, i.e. longest, request).
@@ -39,7 +40,11 @@ class Scenario:
     max_chips: int = quantity(integer=True, default=8)  # chips one model instance may span (mapping search)
     # speculative decoding (MTP draft head): 0 = off
     draft_tokens: int = quantity(integer=True, allow_zero=True, default=0)
-    acceptance_rate: float = quantity(allow_zero=True, default=0.0)
+    acceptance_rate: float = quantity(allow_zero=True, default=0.0)  # each later draft token, given the earlier
+    # the first draft token (null: acceptance_rate). Kept apart because the one measured figure is for the first
+    # draft of a module trained one token ahead (DeepSeek-V3 report, sec. 5.4.3: 85-90%); engines chain that module
+    # for longer drafts, where it predicts from its own drafted states and accepts less
+    first_acceptance_rate: float | None = quantity(optional=True, allow_zero=True)
     # disaggregated serving
     prefill_batch_tokens: int = quantity(integer=True, default=16384)  # per attention replica (DP rank)
     prefill_pool_fraction: float | None = quantity(optional=True)
@@ -57,13 +62,16 @@ class Scenario:
         check_quantities(sc.concurrency, f"{path}.concurrency", integer=True, minimum=1)
         if sorted(set(sc.concurrency)) != list(sc.concurrency):
             raise ConfigError(f"{path}.concurrency", f"must be strictly increasing, got {list(sc.concurrency)}")
-        for f in ("acceptance_rate", "prefix_cache_hit_rate"):
-            if not getattr(sc, f) < 1:
+        for f in ("acceptance_rate", "first_acceptance_rate", "prefix_cache_hit_rate"):
+            if getattr(sc, f) is not None and not getattr(sc, f) < 1:
                 raise ConfigError(f"{path}.{f}", f"must be < 1, got {getattr(sc, f)}")
         if sc.prefill_pool_fraction is not None and not sc.prefill_pool_fraction < 1:
             raise ConfigError(f"{path}.prefill_pool_fraction", f"must be < 1, got {sc.prefill_pool_fraction}")
         if sc.draft_tokens and sc.acceptance_rate <= 0:
             raise ConfigError(f"{path}.acceptance_rate", "must be > 0 when draft_tokens > 0")
+        if sc.draft_tokens and sc.first_acceptance_rate is not None and sc.first_acceptance_rate <= 0:
+            raise ConfigError(f"{path}.first_acceptance_rate", "must be > 0 when draft_tokens > 0 (null: "
+                                                               "acceptance_rate)")
         return sc
 
     @property
@@ -81,10 +89,13 @@ class Scenario:
 
     @property
     def tokens_per_step(self) -> float:
-        """Expected tokens a sequence advances per step with an n-token draft accepted with probability a per
-        token: (1 - a^(n+1)) / (1 - a) (Leviathan et al., ICML 2023); 1 without speculation."""
+        """Expected tokens a sequence advances per step with an n-token draft whose first token is accepted with
+        probability a1 and each later one, given the earlier, with a: the verified prefix plus the target's own
+        token, 1 + a1 (1 + a + ... + a^(n-1)) = 1 + a1 (1 - a^n) / (1 - a); with a1 = a it is Leviathan et al.'s
+        (1 - a^(n+1)) / (1 - a) (ICML 2023, eq. 1). 1 without speculation."""
         n, a = self.draft_tokens, self.acceptance_rate
-        return (1.0 - a ** (n + 1)) / (1.0 - a)  # = 1 for n = 0 (acceptance < 1): no branch, so it traces
+        a1 = a if self.first_acceptance_rate is None else self.first_acceptance_rate
+        return 1.0 + a1 * (1.0 - a ** n) / (1.0 - a)  # = 1 for n = 0 (a < 1): no branch, so it traces
 
     @property
     def max_context_tokens(self) -> int:
@@ -104,7 +115,8 @@ def check_positions(sc: "Scenario", arch, path: str) -> None:
 
 # Numeric fields are pytree leaves, so scenarios that differ only in lengths or rates share one compiled evaluator;
 # what changes the program (kind, length distribution, the concurrency grid, a fixed vs searched pool ratio) is static.
-_NUMERIC = ("isl_tokens", "osl_tokens", "max_chips", "draft_tokens", "acceptance_rate", "prefill_batch_tokens",
+_NUMERIC = ("isl_tokens", "osl_tokens", "max_chips", "draft_tokens", "acceptance_rate", "first_acceptance_rate",
+            "prefill_batch_tokens",
             "prefill_pool_fraction", "turns", "turn_input_tokens", "tool_gap_s", "prefix_cache_hit_rate",
             "chain_steps")
 jax.tree_util.register_dataclass(Scenario, data_fields=list(_NUMERIC),

@@ -361,3 +361,22 @@ def test_per_kw_rows_divide_by_the_basis_their_unit_or_source_names(tmp_path):
     assert allin == pytest.approx(rating * 1000.0 / 2170.0, rel=1e-5)
     assert inferencex == pytest.approx(allin, rel=1e-6) and tdp == pytest.approx(rating, rel=1e-6)
     assert out[4]["predicted"] == "" and "jalapeno_gen1 has no all-in kW figure" in out[4]["reason"]
+
+
+def test_an_mtp_row_accepts_its_first_draft_token_at_the_deepseek_v3_rate(tmp_path):
+    """A DeepSeek-R1 row with ``mtp3``: the first draft token at 0.85 (DeepSeek-V3 report, sec. 5.4.3: 85-90%), each
+    later one at 0.7 (assumed); a model without an MTP module runs the row without a draft."""
+    from codesign.fidelity import scenario_for
+
+    predictor = Predictor(CONF_DIR)
+    path = write_rows(tmp_path / "rows.csv", [
+        row(0, model="deepseek_r1", hardware="b200", chips="8", mapping="best", speculative="mtp3",
+            metric="max_interactivity"),
+        row(1, model="kimi_k2_5", hardware="b200", chips="8", mapping="best", speculative="mtp3", precision="int4",
+            metric="max_interactivity")])
+    _, specs = read_reference(path, predictor.models, predictor.hardware)
+    arch, *_ = predictor.inputs(specs[0])
+    sc = scenario_for(specs[0], arch, predictor.chip(specs[0]))
+    assert (sc.draft_tokens, sc.tokens_per_step) == (3, pytest.approx(1 + 0.85 + 0.85 * 0.7 + 0.85 * 0.7 ** 2))
+    kimi, *_ = predictor.inputs(specs[1])  # models.md: Kimi K2.5 has no MTP layer
+    assert scenario_for(specs[1], kimi, predictor.chip(specs[1])).tokens_per_step == 1.0

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from arch_space.errors import ConfigError
 from arch_space.chip import Chip, stack
 from serving.architecture import ModelArchitecture
 from serving.kernel_table import build_kernel_table
@@ -150,6 +151,27 @@ def test_speculative_decoding_follows_the_expected_accepted_tokens():
     spec = evaluate_point(c, kt, DEFAULT, sc, Mapping(dp=8, ep=8), 1.0)
     # at batch 1 decode is memory bound: verifying 4 tokens costs little more than 1, so interactivity rises
     assert float(spec["interactivity_tok_s_user"]) > 1.5 * float(plain["interactivity_tok_s_user"])
+
+
+@pytest.mark.parametrize("n,a1,a", [(1, 0.85, 0.7), (3, 0.85, 0.7), (4, 0.6, 0.9), (3, 0.8, 0.8)])
+def test_a_draft_advances_by_its_accepted_prefix_plus_one(n, a1, a):
+    """Oracle: the distribution of the accepted prefix length j (the first draft token accepted with a1, each later
+    one given the earlier with a; the target model's verified token is always added): E[j + 1]."""
+    p = [1.0 - a1] + [a1 * a ** (j - 1) * (1.0 - a) for j in range(1, n)] + [a1 * a ** (n - 1)]
+    assert sum(p) == pytest.approx(1.0)
+    expected = sum((j + 1) * pj for j, pj in enumerate(p))
+    assert scenario(draft_tokens=n, acceptance_rate=a, first_acceptance_rate=a1).tokens_per_step \
+        == pytest.approx(expected, rel=1e-12)
+
+
+def test_first_draft_acceptance_is_validated_and_defaults_to_the_per_token_rate():
+    base = dict(load_yaml("scenario/inferencex_8k1k_mtp.yaml"))
+    assert Scenario.from_dict(base | {"first_acceptance_rate": None}).tokens_per_step == pytest.approx(
+        (1 - 0.7 ** 4) / (1 - 0.7))
+    with pytest.raises(ConfigError, match=r"^scenario.first_acceptance_rate: must be < 1, got 1.0$"):
+        Scenario.from_dict(base | {"first_acceptance_rate": 1.0})
+    with pytest.raises(ConfigError, match=r"^scenario.first_acceptance_rate: must be > 0 when draft_tokens > 0"):
+        Scenario.from_dict(base | {"first_acceptance_rate": 0.0})
 
 
 def test_disaggregated_pools_balance_request_rates():
