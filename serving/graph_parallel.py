@@ -21,11 +21,14 @@ step's tokens, one attention replica holds ``tokens / dp_attention``; every coll
 rank handles (the consumer applies the algorithm factor, e.g. 2 (g-1)/g for a ring all-reduce, Patarasuk & Yuan 2009):
 
 - TP all-reduce (Megatron-LM, Shoeybi et al. 2019) after ``o_proj`` and after the FFN down projection (``mlp``; for an
-  MoE layer on ``experts`` when ep = 1, the shared expert being summed into the same buffer; on ``shared_expert`` when
-  ep > 1): local tokens x hidden x activation bytes, group tp, ring.
-- EP all-to-all dispatch before and combine after ``experts`` (DeepSpeed-MoE, Rajbhandari et al. 2022; DeepEP):
-  local tokens x k x hidden x activation bytes x (ep - 1) / ep (the share of the k copies that leaves the rank),
-  group ep.
+  MoE layer on ``experts`` unless they all-to-all, the shared expert being summed into the same buffer; on
+  ``shared_expert`` when they do): local tokens x hidden x activation bytes, group tp, ring.
+- EP all-to-all dispatch before and combine after ``experts`` (DeepSpeed-MoE, Rajbhandari et al. 2022; DeepEP),
+  under attention-DP (dp_attention > 1: each replica holds different tokens): local tokens x k x hidden x
+  activation bytes x (ep - 1) / ep (the share of the k copies that leaves the rank), group ep. Without attention-DP
+  (``tpNepN``) every rank of the TP group holds all the step's tokens after the attention all-reduce, so the experts
+  compute on that copy and their partial outputs are all-reduced as with ep = 1 (vLLM's ``--enable-expert-parallel``
+  without DP; TensorRT-LLM's ``moe_expert_parallel_size`` under attention TP): no all-to-all.
 - Attention-DP combined with EP (dp_attention > 1 and ep > 1, SGLang's DP attention): the dense FFN and shared
   expert run data-parallel, each attention replica with its own copy tensor-parallel over its tp chips (SGLang's
   ``--moe-dense-tp-size 1`` in the lmsys large-scale-EP deployments; the shared expert and DeepSeek's three dense
@@ -89,6 +92,9 @@ class ParallelMapping:
             v = getattr(self, f.name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f.name, f"must be a whole number >= 1, got {v!r}")
+        if self.ep > self.tp * self.dp_attention:  # the EP ranks are the chips of a stage
+            raise ConfigError("ep", f"must be at most tp x dp_attention = {self.tp * self.dp_attention} (the chips "
+                                    f"of a pipeline stage), got {self.ep}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +121,7 @@ def annotate_comm(kernels, mapping: ParallelMapping, arch, tokens: float, activa
     local = tokens / dp
     tp_msg = local * h * activation_bytes
     a2a = local * k * h * activation_bytes * (ep - 1) / ep
+    ep_a2a = ep > 1 and dp > 1  # tokens reach the experts by all-to-all only under attention-DP (module docstring)
     boundaries = _stage_boundaries(arch.num_layers, mapping.pp) if mapping.pp > 1 else set()
     last_of_layer = {}
     for idx, kern in enumerate(kernels):
@@ -128,9 +135,9 @@ def annotate_comm(kernels, mapping: ParallelMapping, arch, tokens: float, activa
         if trunk:
             if op == "o_proj" and tp > 1:
                 comm.append(Collective("all_reduce", tp_msg, tp, "ring", "after", "TP attention output"))
-            if tp > 1 and (op == "mlp" or (op == "experts" and ep == 1) or (op == "shared_expert" and ep > 1)):
+            if tp > 1 and (op == "mlp" or (op == "experts" and not ep_a2a) or (op == "shared_expert" and ep_a2a)):
                 comm.append(Collective("all_reduce", tp_msg, tp, "ring", "after", "TP FFN output"))
-            if op == "experts" and ep > 1:
+            if op == "experts" and ep_a2a:
                 comm.append(Collective("all_to_all", a2a, ep, "all_to_all", "before", "EP dispatch"))
                 comm.append(Collective("all_to_all", a2a, ep, "all_to_all", "after", "EP combine"))
             if kern.layer in boundaries and last_of_layer.get(kern.layer) == idx:

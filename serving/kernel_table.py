@@ -57,9 +57,9 @@ class KernelTable:
     p_act_r: np.ndarray  # ... per prefilled request
     p_act_t: np.ndarray  # ... per prefill token
     ctx_cap: np.ndarray  # window / chunk of sliding or chunked attention, else a large number
-    tp_allreduce: np.ndarray  # 1.0 where a TP all-reduce follows the kernel (experts sharded over ep > 1 ranks)
-    tp_allreduce_ep1: np.ndarray  # ... when the routed experts are TP-sharded (ep = 1): their partial sums too
-    ep_alltoall: np.ndarray  # 1.0 on the routed-experts kernels (dispatch + combine under EP)
+    tp_allreduce: np.ndarray  # 1.0 where a TP all-reduce follows the kernel (experts all-to-all: EP + attention-DP)
+    tp_allreduce_ep1: np.ndarray  # ... when the experts see every token (ep = 1, or tpNepN): their partial sums too
+    ep_alltoall: np.ndarray  # 1.0 on the routed-experts kernels (dispatch + combine under EP with attention-DP)
     draft_count: np.ndarray  # how many of the ``count`` kernels one MTP draft step runs (last layer + lm_head)
     count: np.ndarray  # identical kernels merged into this row (the same kernel of every layer of one kind)
     hidden_size: float
@@ -127,12 +127,14 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
     from serving.models import build_model
 
     model = build_model(arch)
-    ref = ParallelMapping(tp=2, ep=2 if arch.num_experts else 1)  # to learn where collectives sit
+    # to learn where collectives sit: TP inside an attention replica, and for MoE the experts' all-to-all, which
+    # needs attention-DP (tp2 x 2 replicas, ep4; serving/graph_parallel.py)
+    ref = ParallelMapping(tp=2, ep=4, dp_attention=2) if arch.num_experts else ParallelMapping(tp=2)
     dec = {(b, c): trace_step(model, arch, "decode", b, 1, c, precision, mapping=ref)
            for b, c in ((1, DECODE_C0), (2, DECODE_C0), (1, 2 * DECODE_C0))}
-    # ... and where they sit with TP-sharded experts (tpN, ep = 1): the experts' output is a partial sum that needs
-    # its own all-reduce unless a shared expert's (summed into the same buffer) already takes it (a re-pricing of
-    # the cached trace, no new trace)
+    # ... and where they sit when the experts see every token (tpN with ep = 1, or tpNepN): their output is a
+    # partial sum that needs its own all-reduce unless a shared expert's (summed into the same buffer) already takes
+    # it (a re-pricing of the cached trace, no new trace)
     tp_only = trace_step(model, arch, "decode", 1, 1, DECODE_C0, precision, mapping=ParallelMapping(tp=2))
     t_pre = (PREFILL_T0, 2 * PREFILL_T0, 4 * PREFILL_T0)
     pre = {t: trace_step(model, arch, "prefill", 1, t, t, precision) for t in t_pre}

@@ -292,14 +292,21 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     msg = tokens / m.dp * kt.hidden_size * kt.activation_bytes
     # every collective call also pays a fixed launch + synchronisation cost (NCCL-class small-message latency)
     call = p.collective_overhead_s
-    # with TP-sharded experts (ep = 1) a MoE layer without a shared expert all-reduces its experts' output too
-    has_ar = jnp.where(m.ep > 1.0, kt.tp_allreduce, kt.tp_allreduce_ep1)
+    # Tokens reach the experts by all-to-all only under attention-DP (dp > 1: each replica holds different tokens;
+    # DeepEP, SGLang's dp-attention, TRT-LLM's attention-DP). Without it every rank of the TP group already holds
+    # all the step's tokens after the attention all-reduce, so experts sharded by TP (ep = 1) or by EP over the TP
+    # group (tpNepN: vLLM's --enable-expert-parallel without DP, TRT-LLM's moe_expert_parallel_size under attention
+    # TP) compute on the local copy and an all-reduce sums their partial outputs, as Megatron's second all-reduce:
+    # a MoE layer without a shared expert reduces its experts' output on its own, with one the shared buffer does
+    a2a = (m.ep > 1.0) & (m.dp > 1.0)
+    has_ar = jnp.where(a2a, kt.tp_allreduce, kt.tp_allreduce_ep1)
     t_ar = has_ar * (allreduce_time(msg, m.tp, link, lat) + jnp.where(m.tp > 1.0, call, 0.0))
     local = tokens / n_stage
-    a2a_bytes = local * kt.experts_per_token * kt.hidden_size * kt.activation_bytes * (m.ep - 1) / m.ep
-    t_a2a = kt.ep_alltoall * 2.0 * (ep_alltoall_time(local, kt.experts_per_token, m.ep, chip.scaleup_domain_chips,
-                                                     kt.hidden_size * kt.activation_bytes, link, lat, out_link,
-                                                     out_lat) + jnp.where(m.ep > 1.0, call, 0.0))
+    a2a_bytes = jnp.where(a2a, local * kt.experts_per_token * kt.hidden_size * kt.activation_bytes
+                          * (m.ep - 1) / m.ep, 0.0)
+    t_a2a = kt.ep_alltoall * 2.0 * jnp.where(
+        a2a, ep_alltoall_time(local, kt.experts_per_token, m.ep, chip.scaleup_domain_chips,
+                              kt.hidden_size * kt.activation_bytes, link, lat, out_link, out_lat) + call, 0.0)
     t_comm = t_ar + t_a2a
     n = kt.count
     flops_by_dtype = jnp.sum(flops_chip * n[:, None], axis=0)

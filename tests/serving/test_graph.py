@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from arch_space.errors import ConfigError
 from conftest import load_yaml
 from serving.architecture import ModelArchitecture
 from serving.graph import (ParallelMapping, annotate_comm, default_param_class, expected_distinct_experts,
@@ -290,13 +291,19 @@ def test_comm_tp2_ep4(toy_kernels):
     arch = ModelArchitecture.from_dict(TOY_ARCH)
     assert arch.moe_layer_indices == (1,)
     act = 2.0
-    ks = {k.name: k for k in annotate_comm(list(toy_kernels.values()), ParallelMapping(tp=2, ep=4), arch, B, act)}
+    # tp2 x 2 attention replicas, ep4: each replica's B / 2 tokens all-reduce over its tp and all-to-all to the experts
+    ks = {k.name: k for k in annotate_comm(list(toy_kernels.values()), ParallelMapping(tp=2, ep=4, dp_attention=2),
+                                           arch, B, act)}
     o = ks["layer_0/o_proj"].comm
-    assert [(c.op, c.bytes, c.group, c.algorithm) for c in o] == [("all_reduce", B * H * act, 2, "ring")]
-    assert [(c.op, c.bytes) for c in ks["layer_0/mlp"].comm] == [("all_reduce", B * H * act)]
-    a2a = B * K * H * act * 3 / 4
+    assert [(c.op, c.bytes, c.group, c.algorithm) for c in o] == [("all_reduce", B / 2 * H * act, 2, "ring")]
+    assert [(c.op, c.bytes) for c in ks["layer_0/mlp"].comm] == [("all_reduce", B / 2 * H * act)]
+    a2a = B / 2 * K * H * act * 3 / 4
     assert [(c.op, c.bytes, c.group, c.algorithm, c.where) for c in ks["layer_1/experts"].comm] == [
         ("all_to_all", a2a, 4, "all_to_all", "before"), ("all_to_all", a2a, 4, "all_to_all", "after")]
+    # tp2ep2 without attention-DP (vLLM's --enable-expert-parallel at TP 2): every rank holds all B tokens after the
+    # attention all-reduce, its experts compute on them and their partial outputs are all-reduced, no all-to-all
+    ks = {k.name: k for k in annotate_comm(list(toy_kernels.values()), ParallelMapping(tp=2, ep=2), arch, B, act)}
+    assert [(c.op, c.bytes, c.group) for c in ks["layer_1/experts"].comm] == [("all_reduce", B * H * act, 2)]
     assert ks["layer_1/attention"].comm == [] and ks["lm_head"].comm == []
     assert toy_kernels["layer_0/o_proj"].comm == []  # the input list is not modified
     # tp=2 without EP: one all-reduce after the experts; dp_attention with EP: the dense FFN runs data-parallel
@@ -314,8 +321,10 @@ def test_comm_tp2_ep4(toy_kernels):
     ks = annotate_comm(list(toy_kernels.values()), ParallelMapping(pp=2), arch, B, act)
     pp = [(k.name, c.op, c.bytes) for k in ks for c in k.comm]
     assert pp == [("layer_0/mlp", "send_recv", B * H * act)]
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigError, match="^tp: must be a whole number >= 1, got 0$"):
         ParallelMapping(tp=0)
+    with pytest.raises(ConfigError, match=r"^ep: must be at most tp x dp_attention = 2 .*got 4$"):
+        ParallelMapping(tp=2, ep=4)
 
 
 # ---------------------------------------------------------------------- trace_step on a toy model object
@@ -339,8 +348,10 @@ class ToyModel:
 def test_trace_step_caches_trace_and_reprices():
     arch = ModelArchitecture.from_dict(TOY_ARCH)
     model = ToyModel()
-    g16 = trace_step(model, arch, "decode", B, 1, S, precision("bf16"), mapping=ParallelMapping(ep=4), skew=0.0)
-    g4 = trace_step(model, arch, "decode", B, 1, S, precision("fp4"), mapping=ParallelMapping(ep=4), skew=1.0)
+    g16 = trace_step(model, arch, "decode", B, 1, S, precision("bf16"), mapping=ParallelMapping(ep=4, dp_attention=4),
+                     skew=0.0)
+    g4 = trace_step(model, arch, "decode", B, 1, S, precision("fp4"), mapping=ParallelMapping(ep=4, dp_attention=4),
+                    skew=1.0)
     assert model.traces == 1  # re-pricing does not re-trace
     ex16, ex4 = g16.kernel("layer_1/experts"), g4.kernel("layer_1/experts")
     assert (ex16.num_experts, ex16.experts_per_token) == (E, K)
@@ -353,7 +364,7 @@ def test_trace_step_caches_trace_and_reprices():
     assert t16["matmul_flops"] == t4["matmul_flops"] and t4["weight_bytes"] < t16["weight_bytes"]
     assert set(t16["matmul_flops_by_dtype"]) == {"bf16"}
     assert t16["kv_read_bytes"] == 2 * t4["kv_read_bytes"]
-    assert t16["comm_bytes"] == 2 * B * K * H * 2 * 3 / 4
+    assert t16["comm_bytes"] == 2 * B / 4 * K * H * 2 * 3 / 4  # dispatch + combine of each replica's B / 4 tokens
     doc = json.loads(g4.to_json())
     assert doc["meta"]["precision"] == "fp4" and len(doc["kernels"]) == len(g4.kernels)
 

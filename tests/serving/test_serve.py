@@ -483,21 +483,24 @@ def test_tensor_parallel_all_reduces_twice_per_layer_dense_or_moe(name):
     """Megatron-LM TP (Shoeybi et al. 2019): one all-reduce after the attention output projection and one after the
     FFN, whatever the FFN is. With TP-sharded experts (tp8, ep = 1) a MoE layer's routed-expert output is a partial
     sum, reduced on its own (gpt-oss, Qwen3) or in the shared expert's buffer (DeepSeek, Llama 4). Closed form: link
-    bytes per step = layers x 2 x B x hidden x activation bytes x 2 (g - 1) / g (ring, Patarasuk & Yuan 2009). Under
-    tp8ep8 the experts all-to-all instead: one all-reduce per layer plus dispatch and combine of B / 8 local tokens'
-    k copies, (ep - 1) / ep of them leaving the rank, on every MoE layer."""
+    bytes per step = layers x 2 x B x hidden x activation bytes x 2 (g - 1) / g (ring, Patarasuk & Yuan 2009). So
+    does tp8ep8 (EP without attention-DP: every rank holds all B tokens, as vLLM's --enable-expert-parallel at TP 8).
+    Under tp2dep4 (attention-DP) the experts all-to-all instead: each replica all-reduces its B / 4 tokens over tp 2
+    once per layer (twice on dense layers and with a shared expert) and dispatches and combines its ranks' B / 8
+    local tokens' k copies, (ep - 1) / ep of them leaving the rank, on every MoE layer."""
     a, kt, b = arch(name), table(name, "fp8"), 64.0
     ab, h = kt.activation_bytes, a.hidden_size
-    out = kernel_times(chip(), kt, DEFAULT, Mapping(tp=8), decode_work(b, 1024.0))
     want = a.num_layers * 2 * b * h * ab * 2 * 7 / 8
-    assert float(out["link_bytes"]) == pytest.approx(want, rel=1e-6)
+    for m in (Mapping(tp=8), Mapping(tp=8, ep=8)) if a.num_experts else (Mapping(tp=8),):
+        out = kernel_times(chip(), kt, DEFAULT, m, decode_work(b, 1024.0))
+        assert float(out["link_bytes"]) == pytest.approx(want, rel=1e-6)
     if a.num_experts:
         moe_layers = sum(1 for k in a.layer_kinds() if k.ffn == "moe")
-        ep = kernel_times(chip(), kt, DEFAULT, Mapping(tp=8, ep=8), decode_work(b, 1024.0))
+        dep = kernel_times(chip(), kt, DEFAULT, Mapping(tp=2, dp=4, ep=8), decode_work(b, 1024.0))
         shared = 1 if "shared_expert" in kt.names else 0  # its all-reduce stays under EP
         ars = a.num_layers + (a.num_layers - moe_layers) + shared * moe_layers
         a2a = moe_layers * 2 * (b / 8) * a.experts_per_token * h * ab * 7 / 8
-        assert float(ep["link_bytes"]) == pytest.approx(ars * b * h * ab * 2 * 7 / 8 + a2a, rel=1e-6)
+        assert float(dep["link_bytes"]) == pytest.approx(ars * (b / 4) * h * ab * 2 * 1 / 2 + a2a, rel=1e-6)
 
 
 @pytest.mark.parametrize("batch", [1, 8, 64, 1024])
