@@ -23,7 +23,7 @@ below ~floor rows the compute shrinks with the rows and the weight reads (the me
 expert). Adding it moved the refit's median |error| 10.8% -> 8.0% and leave-one-model-out 32.3% -> 27.5% (the
 calibration of 2026-12-04; the README has the current figures).
 
-A step adds its collectives (ring / tree all-reduce, all-to-all, p2p; ``collectives`` below), overlapped with
+A step adds its collectives (ring / tree all-reduce, all-to-all, p2p; ``serving/collectives.py``), overlapped with
 compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit in on-chip SRAM stream from it
 (placement: the step's resident bytes share the SRAM pro rata).
 
@@ -45,6 +45,7 @@ import jax.numpy as jnp
 from arch_space.chip import ENERGY_PER_FLOP_RELATIVE, Chip
 from arch_space.errors import ConfigError
 from arch_space.validation import build, quantity
+from serving.collectives import allreduce_time, ep_alltoall_time
 from serving.kernel_table import GROUP_ATTENTION, GROUP_EXPERTS, KIND_ATTENTION, KIND_GEMM, KIND_MOE, \
     KernelTable
 from serving.precision import MATH_DTYPES
@@ -162,44 +163,6 @@ class Mapping:
 
 
 jax.tree_util.register_dataclass(Mapping, data_fields=["tp", "dp", "ep", "pp"], meta_fields=[])
-
-
-# ---------------------------------------------------------------------------------------------- collectives
-def allreduce_time(msg_bytes, n, bw, latency):
-    """min(ring, double binary tree): ring 2 (n-1)/n S / bw + 2 (n-1) a (Patarasuk & Yuan 2009); tree
-    2 S / bw + 2 log2(n) a (NCCL's double binary tree, Sanders et al. 2009). 0 for n = 1."""
-    ring = 2.0 * (n - 1.0) / n * msg_bytes / bw + 2.0 * (n - 1.0) * latency
-    tree = 2.0 * msg_bytes / bw + 2.0 * jnp.log2(jnp.maximum(n, 1.0)) * latency
-    return jnp.where(n > 1.0, jnp.minimum(ring, tree), 0.0)
-
-
-def alltoall_time(send_bytes, n, bw, latency):
-    """One-shot all-to-all over a switched scale-up fabric: the bytes leaving a rank at link bandwidth plus one hop
-    of latency per round of log2(n) (pairwise exchange pipelined by the switch; assumption, cf. DeepEP)."""
-    return jnp.where(n > 1.0, send_bytes / bw + jnp.log2(jnp.maximum(n, 1.0)) * latency, 0.0)
-
-
-def remote_nodes(k, nodes):
-    """Expected nodes other than its own that one token's k experts land on, experts spread evenly over ``nodes``
-    nodes: (nodes - 1) (1 - (1 - 1/nodes)^k)."""
-    return (nodes - 1.0) * (1.0 - (1.0 - 1.0 / jnp.maximum(nodes, 1.0)) ** k)
-
-
-def ep_alltoall_time(tokens, k, ep, domain, token_bytes, up_bw, up_lat, out_bw, out_lat):
-    """One EP dispatch (or combine) of ``tokens`` local tokens, each to k experts on ``ep`` ranks.
-
-    Inside one scale-up domain: the k (ep - 1) / ep copies that leave the rank at scale-up bandwidth. Across
-    nodes (ep > domain), DeepEP's hierarchical kernels (DeepSeek-V3 report, sec. 3.2.2; DeepEP README): a token
-    crosses the scale-out network once per remote node its experts live on, to the rank with the same local index,
-    and is forwarded to the expert ranks inside that node over the scale-up fabric; the two fabrics run
-    concurrently, so the time is the slower of the two plus a hop of latency per round on each."""
-    nodes = jnp.maximum(ep / domain, 1.0)
-    up_bytes = tokens * k * token_bytes * (ep - 1.0) / ep
-    out_bytes = tokens * remote_nodes(k, nodes) * token_bytes
-    wide = nodes > 1.0
-    lat = jnp.log2(jnp.minimum(ep, domain)) * up_lat + jnp.where(wide, jnp.log2(nodes) * out_lat, 0.0)
-    t = jnp.maximum(up_bytes / up_bw, jnp.where(wide, out_bytes / out_bw, 0.0)) + lat
-    return jnp.where(ep > 1.0, t, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -395,7 +358,7 @@ def max_sequences(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, max
     return (usable - weights) / jnp.maximum(per_seq, 1e-9) * (1.0 - 1e-6)
 
 
-__all__ = ["ServingParams", "ParamSet", "family_of", "Mapping", "Work", "kernel_times", "step_time", "power_capped", "step_energy", "memory_code",
-           "max_sequences",
-           "allreduce_time", "alltoall_time", "ep_alltoall_time", "remote_nodes", "expected_experts", "ep_imbalance",
+__all__ = ["ServingParams", "ParamSet", "family_of", "Mapping", "Work", "kernel_times", "step_time", "power_capped",
+           "step_energy", "memory_code", "max_sequences",
+           "expected_experts", "ep_imbalance",
            "INFEASIBLE_REASONS", "ENERGY_PER_FLOP_RELATIVE", "GROUP_ATTENTION", "KIND_GEMM"]

@@ -364,36 +364,6 @@ def test_fp4_efficiency_discounts_native_fp4_math_only():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
 
 
-def test_remote_nodes_matches_exhaustive_enumeration():
-    import itertools
-
-    from serving.perf import remote_nodes
-
-    for nodes, k in ((2, 1), (2, 8), (3, 4), (4, 3), (5, 2)):
-        # each of the k experts on a node drawn uniformly; count the distinct nodes other than the token's (node 0)
-        outcomes = list(itertools.product(range(nodes), repeat=k))
-        exact = sum(len(set(o) - {0}) for o in outcomes) / len(outcomes)
-        assert float(remote_nodes(float(k), float(nodes))) == pytest.approx(exact, rel=1e-5)
-
-
-def test_ep_alltoall_inside_a_domain_and_across_nodes():
-    from serving.perf import alltoall_time, ep_alltoall_time
-
-    tokens, k, tb, up, up_lat, out, out_lat = 1024.0, 8.0, 7168.0, 450e9, 1e-6, 50e9, 5e-6
-    # inside one scale-up domain: the k (ep - 1) / ep copies that leave the rank, one level
-    t = float(ep_alltoall_time(tokens, k, 8.0, 8.0, tb, up, up_lat, out, out_lat))
-    assert t == pytest.approx(float(alltoall_time(tokens * k * tb * 7 / 8, 8.0, up, up_lat)), rel=1e-6)
-    assert float(ep_alltoall_time(tokens, k, 1.0, 8.0, tb, up, up_lat, out, out_lat)) == 0.0
-    # EP 16 over two 8-chip nodes: a token crosses the scale-out network once if any of its 8 experts is on the
-    # other node (probability 1 - 2^-8), scale-up carries the in-node copies and forwards; slower fabric wins
-    t = float(ep_alltoall_time(tokens, k, 16.0, 8.0, tb, up, up_lat, out, out_lat))
-    scale_out = tokens * (1 - 0.5 ** 8) * tb / out
-    scale_up = tokens * k * tb * 15 / 16 / up
-    assert t == pytest.approx(max(scale_out, scale_up) + 3 * up_lat + 1 * out_lat, rel=1e-6)
-    # dedup: far less than sending every remote copy over the NIC, which the one-level model charged
-    assert t < 0.25 * tokens * k * tb * 15 / 16 / out
-
-
 def test_prefill_pool_batches_per_attention_replica():
     # a DP replica schedules its own prefill batch (per-rank token budget), so 8 data-parallel replicas on 8 chips
     # prefill exactly as fast per chip as one chip alone (dense model, no collectives under pure DP)
