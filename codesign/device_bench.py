@@ -55,6 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
+from codesign.device_timing import interleaved, timed, wall_samples
+
 
 def device_info() -> dict:
     """Platform, kind, cores, memory and last-level cache of the default JAX device."""
@@ -129,76 +131,6 @@ def _llc_bytes() -> tuple[float, str]:
     return 32.0 * 2 ** 20, "assumed: 32 MiB last-level cache (sysfs reported none)"
 
 
-def wall_samples(fn, args, repeats: int, warmup: int = 1, fresh=None) -> np.ndarray:
-    """Wall times of ``repeats`` runs of ``fn(*args)`` (each blocked until ready), after one compiling run and
-    ``warmup`` more. ``fresh(args) -> args`` prepares each run's arguments outside the timed region (donated
-    buffers)."""
-    import jax
-
-    def once():
-        a = fresh(args) if fresh else args
-        if fresh:
-            jax.block_until_ready(a)
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*a))
-        return time.perf_counter() - t0
-
-    once()
-    for _ in range(warmup):
-        once()
-    return np.asarray([once() for _ in range(repeats)])
-
-
-def pipelined_samples(fn, args, repeats: int, warmup: int = 1, fresh=None, rounds: int = 3) -> np.ndarray:
-    """Per-run wall times of ``fn(*args)`` issued ``repeats`` times back to back and blocked once (``rounds``
-    samples, each the round's time / ``repeats``). A GPU runs a queue of launches without waiting for the host,
-    so this is the kernel's own time; :func:`wall_samples` adds a host round trip (10-40 us) to every run, which is
-    most of a microsecond-scale kernel's time on a GPU. Not for XLA:CPU, whose dispatch may run independent
-    calls concurrently. ``fresh`` prepares every run's arguments before the round (donated buffers)."""
-    import jax
-
-    for _ in range(1 + warmup):
-        jax.block_until_ready(fn(*(fresh(args) if fresh else args)))
-    out = []
-    for _ in range(rounds):
-        sets = [fresh(args) if fresh else args for _ in range(repeats)]
-        jax.block_until_ready(sets)
-        t0 = time.perf_counter()
-        jax.block_until_ready([fn(*a) for a in sets])
-        out.append((time.perf_counter() - t0) / repeats)
-    return np.asarray(out)
-
-
-STATS = ("median", "min")
-
-
-def statistic(samples, stat: str) -> float:
-    return float(np.median(samples) if stat == "median" else np.min(samples))
-
-
-def timed(fn, args, repeats: int, warmup: int = 1, fresh=None, stat: str = "median") -> float:
-    return statistic(wall_samples(fn, args, repeats, warmup, fresh), stat)
-
-
-def _interleaved(calls, repeats: int, warmup: int = 1, stat: str = "median") -> list[float]:
-    """Times of several ``(fn, args)`` measured in rounds (each compiled and warmed first, then one run of each
-    per round): a slow spell of a shared machine then lands on every call alike instead of on whichever call
-    happened to run during it, which matters when the calls are compared with one another (the GEMM row sweep
-    against the streaming bandwidth)."""
-    import jax
-
-    for fn, args in calls:
-        for _ in range(1 + warmup):
-            jax.block_until_ready(fn(*args))
-    samples = [[] for _ in calls]
-    for _ in range(repeats):
-        for i, (fn, args) in enumerate(calls):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            samples[i].append(time.perf_counter() - t0)
-    return [statistic(np.asarray(x), stat) for x in samples]
-
-
 def sweep_rows(batches, prefill_tokens) -> list[int]:
     """Row counts of the GEMM sweep: powers of two up to the largest of the run, and the run's own counts."""
     top = max(max(batches), prefill_tokens)
@@ -270,7 +202,7 @@ def microbenchmarks(dtype_name: str, info: dict, bench: dict, rows=(1,), experts
     nn = max(stream // 2 // (kk * item), 8)
     w = jnp.full((kk, nn), 0.5, dtype)
     calls = [(gemv, (x, w_stream))] + [(gemv, (jnp.full((int(m), kk), 0.5, dtype), w)) for m in rows]
-    times = _interleaved(calls, max(reps, 5), stat=st)
+    times = interleaved(calls, max(reps, 5), stat=st)
     out["stream_bytes_per_s"] = w_stream.nbytes / times[0]
     out["gemm_sweep"] = {"k": kk, "n": nn, "dtype": dtype_name, "rows": [int(m) for m in rows],
                          "seconds": times[1:]}

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from codesign.device_bench import pipelined_samples, statistic, timed, wall_samples
+from codesign.device_timing import pipelined_samples, statistic, timed, wall_samples
 
 if TYPE_CHECKING:
     from codesign.execute import Plan
@@ -140,7 +140,7 @@ def _runs(closed):
 def time_kernels(fn, args, repeats: int, warmup: int, stat: str = "median", pipelined: bool | None = None) -> dict:
     """Every kernel of the step ``fn(*args)`` jitted and timed on its own, on the step's own intermediate values:
     {kernel name: seconds} (a kernel cut into several runs sums them). ``pipelined`` (default: off the CPU) times
-    ``repeats`` runs issued back to back (:func:`~codesign.device_bench.pipelined_samples`) instead of one
+    ``repeats`` runs issued back to back (:func:`~codesign.device_timing.pipelined_samples`) instead of one
     host-blocked run at a time."""
     import jax
     import jax.numpy as jnp

@@ -31,7 +31,7 @@ def test_kernels_timed_back_to_back_cover_the_same_kernels_as_one_at_a_time():
     import jax
     import jax.numpy as jnp
 
-    from codesign.device_bench import pipelined_samples, wall_samples
+    from codesign.device_timing import pipelined_samples, wall_samples
     from codesign.device_steps import time_kernels
 
     def step(x, w, cache):
