@@ -16,7 +16,8 @@ import re
 from typing import Any
 
 from arch_space.errors import ConfigError
-from serving.architecture import ROPE_SCALING_TYPES, ModelArchitecture, RopeScaling
+from serving.architecture import ModelArchitecture
+from serving.architecture_parts import ROPE_SCALING_TYPES, RopeScaling
 
 _GQA_ARCHS = ("LlamaForCausalLM", "GptOssForCausalLM", "Qwen3MoeForCausalLM", "Llama4ForConditionalGeneration",
               "Llama4ForCausalLM")

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import yaml
 
-from serving.architecture import ModelArchitecture, RopeScaling
+from serving.architecture import ModelArchitecture
+from serving.architecture_parts import RopeScaling
 from serving.models import build_model, common, moe
 from serving.models.gqa import GQATransformer
 

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from serving.architecture import ModelArchitecture, VisionTower
+from serving.architecture import ModelArchitecture
+from serving.architecture_parts import VisionTower
 from serving.models import build_model
 from serving.models.moe import route
 from serving.models.vision import VisionEncoder
