@@ -116,8 +116,7 @@ def check_positions(sc: "Scenario", arch, path: str) -> None:
 # Numeric fields are pytree leaves, so scenarios that differ only in lengths or rates share one compiled evaluator;
 # what changes the program (kind, length distribution, the concurrency grid, a fixed vs searched pool ratio) is static.
 _NUMERIC = ("isl_tokens", "osl_tokens", "max_chips", "draft_tokens", "acceptance_rate", "first_acceptance_rate",
-            "prefill_batch_tokens",
-            "prefill_pool_fraction", "turns", "turn_input_tokens", "tool_gap_s", "prefix_cache_hit_rate",
-            "chain_steps")
+            "prefill_batch_tokens", "prefill_pool_fraction", "turns", "turn_input_tokens", "tool_gap_s",
+            "prefix_cache_hit_rate", "chain_steps")
 jax.tree_util.register_dataclass(Scenario, data_fields=list(_NUMERIC),
                                  meta_fields=[f.name for f in dataclasses.fields(Scenario) if f.name not in _NUMERIC])
