@@ -113,6 +113,13 @@ def _stage_boundaries(num_layers: int, pp: int) -> set[int]:
     return {i for i in range(per - 1, num_layers - 1, per)}
 
 
+def experts_alltoall(ep, dp_attention):
+    """Whether tokens reach the routed experts by all-to-all: only with expert parallelism under attention-DP, where
+    each replica holds different tokens (module docstring; tpNepN and ep = 1 all-reduce instead). Elementwise on
+    ints or arrays, so the operator graph and the vectorised serving model (``serving.perf``) share the rule."""
+    return (ep > 1) & (dp_attention > 1)
+
+
 def annotate_comm(kernels, mapping: ParallelMapping, arch, tokens: float, activation_bytes: float):
     """Copies of ``kernels`` (objects with ``name``, ``layer``, ``kind``, ``comm``) with the collectives
     ``mapping`` implies attached to ``comm``. ``tokens``: the tokens of the step (batch x new tokens)."""
@@ -121,7 +128,7 @@ def annotate_comm(kernels, mapping: ParallelMapping, arch, tokens: float, activa
     local = tokens / dp
     tp_msg = local * h * activation_bytes
     a2a = local * k * h * activation_bytes * (ep - 1) / ep
-    ep_a2a = ep > 1 and dp > 1  # tokens reach the experts by all-to-all only under attention-DP (module docstring)
+    ep_a2a = experts_alltoall(ep, dp)
     boundaries = _stage_boundaries(arch.num_layers, mapping.pp) if mapping.pp > 1 else set()
     last_of_layer = {}
     for idx, kern in enumerate(kernels):

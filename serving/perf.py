@@ -46,6 +46,7 @@ from arch_space.chip import ENERGY_PER_FLOP_RELATIVE, Chip
 from arch_space.errors import ConfigError
 from arch_space.validation import build, quantity
 from serving.collectives import allreduce_time, ep_alltoall_time
+from serving.graph_parallel import experts_alltoall
 from serving.kernel_table import GROUP_ATTENTION, GROUP_EXPERTS, KIND_ATTENTION, KIND_GEMM, KIND_MOE, \
     KernelTable
 from serving.precision import MATH_DTYPES
@@ -261,7 +262,7 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     # group (tpNepN: vLLM's --enable-expert-parallel without DP, TRT-LLM's moe_expert_parallel_size under attention
     # TP) compute on the local copy and an all-reduce sums their partial outputs, as Megatron's second all-reduce:
     # a MoE layer without a shared expert reduces its experts' output on its own, with one the shared buffer does
-    a2a = (m.ep > 1.0) & (m.dp > 1.0)
+    a2a = experts_alltoall(m.ep, m.dp)
     has_ar = jnp.where(a2a, kt.tp_allreduce, kt.tp_allreduce_ep1)
     t_ar = has_ar * (allreduce_time(msg, m.tp, link, lat) + jnp.where(m.tp > 1.0, call, 0.0))
     local = tokens / n_stage
