@@ -263,7 +263,8 @@ def trace_step(model, arch, phase: str, batch: int, seq_len: int, context_len: i
                                    expected_experts_touched=expected_distinct_experts(e, k, tokens, skew),
                                    load_imbalance=load_imbalance(e, k, tokens, skew, mapping.ep))
                if kern.kind == "moe_experts" and e else kern for kern in kernels]
-    kernels = annotate_comm(kernels, mapping, arch, tokens, precision.activation_bytes)
+    kernels = annotate_comm(kernels, mapping, arch, tokens, precision.activation_bytes,
+                            precision.dispatch_bytes)
     meta = {"arch": arch.name, "phase": phase, "batch": batch, "seq_len": seq_len, "context_len": context_len,
             "tokens": tokens, "precision": precision.name, "mapping": dataclasses.asdict(mapping), "skew": skew}
     return OperatorGraph(kernels, meta)

@@ -25,7 +25,9 @@ rank handles (the consumer applies the algorithm factor, e.g. 2 (g-1)/g for a ri
   ``shared_expert`` when they do): local tokens x hidden x activation bytes, group tp, ring.
 - EP all-to-all dispatch before and combine after ``experts`` (DeepSpeed-MoE, Rajbhandari et al. 2022; DeepEP),
   under attention-DP (dp_attention > 1: each replica holds different tokens): local tokens x k x hidden x
-  activation bytes x (ep - 1) / ep (the share of the k copies that leaves the rank), group ep. Without attention-DP
+  bytes per element x (ep - 1) / ep (the share of the k copies that leaves the rank), group ep. The dispatch moves
+  ``dispatch_bytes`` per element (FP8 with scales where the experts take quantised activations: DeepSeek-V3 report
+  sec. 3.3.2, DeepEP; ``Precision.dispatch_bytes``), the combine the activation bytes. Without attention-DP
   (``tpNepN``) every rank of the TP group holds all the step's tokens after the attention all-reduce, so the experts
   compute on that copy and their partial outputs are all-reduced as with ep = 1 (vLLM's ``--enable-expert-parallel``
   without DP; TensorRT-LLM's ``moe_expert_parallel_size`` under attention TP): no all-to-all.
@@ -120,14 +122,18 @@ def experts_alltoall(ep, dp_attention):
     return (ep > 1) & (dp_attention > 1)
 
 
-def annotate_comm(kernels, mapping: ParallelMapping, arch, tokens: float, activation_bytes: float):
+def annotate_comm(kernels, mapping: ParallelMapping, arch, tokens: float, activation_bytes: float,
+                  dispatch_bytes: float | None = None):
     """Copies of ``kernels`` (objects with ``name``, ``layer``, ``kind``, ``comm``) with the collectives
-    ``mapping`` implies attached to ``comm``. ``tokens``: the tokens of the step (batch x new tokens)."""
+    ``mapping`` implies attached to ``comm``. ``tokens``: the tokens of the step (batch x new tokens);
+    ``dispatch_bytes``: bytes per element of the EP dispatch (default: ``activation_bytes``)."""
     tp, ep, dp = mapping.tp, mapping.ep, mapping.dp_attention
     h, k = arch.hidden_size, max(arch.experts_per_token, 1)
     local = tokens / dp
     tp_msg = local * h * activation_bytes
-    a2a = local * k * h * activation_bytes * (ep - 1) / ep
+    leaving = local * k * h * (ep - 1) / ep  # elements of the k copies that leave the rank
+    combine = leaving * activation_bytes
+    dispatch = leaving * (activation_bytes if dispatch_bytes is None else dispatch_bytes)
     ep_a2a = experts_alltoall(ep, dp)
     boundaries = _stage_boundaries(arch.num_layers, mapping.pp) if mapping.pp > 1 else set()
     last_of_layer = {}
@@ -145,8 +151,8 @@ def annotate_comm(kernels, mapping: ParallelMapping, arch, tokens: float, activa
             if tp > 1 and (op == "mlp" or (op == "experts" and not ep_a2a) or (op == "shared_expert" and ep_a2a)):
                 comm.append(Collective("all_reduce", tp_msg, tp, "ring", "after", "TP FFN output"))
             if op == "experts" and ep_a2a:
-                comm.append(Collective("all_to_all", a2a, ep, "all_to_all", "before", "EP dispatch"))
-                comm.append(Collective("all_to_all", a2a, ep, "all_to_all", "after", "EP combine"))
+                comm.append(Collective("all_to_all", dispatch, ep, "all_to_all", "before", "EP dispatch"))
+                comm.append(Collective("all_to_all", combine, ep, "all_to_all", "after", "EP combine"))
             if kern.layer in boundaries and last_of_layer.get(kern.layer) == idx:
                 comm.append(Collective("send_recv", tp_msg, 2, "p2p", "after", "PP stage boundary"))
         out.append(dataclasses.replace(kern, comm=comm))

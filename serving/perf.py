@@ -265,16 +265,21 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     a2a = experts_alltoall(m.ep, m.dp)
     has_ar = jnp.where(a2a, kt.tp_allreduce, kt.tp_allreduce_ep1)
     t_ar = has_ar * (allreduce_time(msg, m.tp, link, lat) + jnp.where(m.tp > 1.0, call, 0.0))
+    # dispatch quantised where the experts take FP8 / FP4 activations, combine at the activations' size (DeepSeek-V3
+    # report sec. 3.3.2; DeepEP; serving.precision.DISPATCH_BYTES_QUANTISED)
     local = tokens / n_stage
-    a2a_bytes = jnp.where(a2a, local * kt.experts_per_token * kt.hidden_size * kt.activation_bytes
-                          * (m.ep - 1) / m.ep, 0.0)
-    t_a2a = kt.ep_alltoall * 2.0 * jnp.where(
-        a2a, ep_alltoall_time(local, kt.experts_per_token, m.ep, chip.scaleup_domain_chips,
-                              kt.hidden_size * kt.activation_bytes, link, lat, out_link, out_lat) + call, 0.0)
+    a2a_bytes = jnp.where(a2a, local * kt.experts_per_token * kt.hidden_size
+                          * (kt.dispatch_bytes + kt.activation_bytes) * (m.ep - 1) / m.ep, 0.0)
+
+    def one_way(elem_bytes):
+        return ep_alltoall_time(local, kt.experts_per_token, m.ep, chip.scaleup_domain_chips,
+                                kt.hidden_size * elem_bytes, link, lat, out_link, out_lat) + call
+
+    t_a2a = kt.ep_alltoall * jnp.where(a2a, one_way(kt.dispatch_bytes) + one_way(kt.activation_bytes), 0.0)
     t_comm = t_ar + t_a2a
     n = kt.count
     flops_by_dtype = jnp.sum(flops_chip * n[:, None], axis=0)
-    link = has_ar * msg * 2.0 * (m.tp - 1) / m.tp + kt.ep_alltoall * 2 * a2a_bytes
+    link = has_ar * msg * 2.0 * (m.tp - 1) / m.tp + kt.ep_alltoall * a2a_bytes
     return {"t": t, "t_compute": t_compute, "t_memory": t_memory, "t_comm": t_comm,
             "flops_by_dtype": flops_by_dtype, "hbm_bytes": jnp.sum((moved - on_chip) * n),
             "sram_bytes": jnp.sum(on_chip * n), "link_bytes": jnp.sum(link * n)}

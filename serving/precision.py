@@ -41,6 +41,11 @@ RECIPE_CLASS = {
     "embedding": "embeddings", "lm_head": "embeddings", "vision": "attention", "mtp": "routed_experts",
 }
 KV_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5 + 1.0 / 16, "fp32": 4.0}
+# A token sent to experts whose GEMMs take quantised activations travels quantised: FP8 with one FP32 scale per 128
+# channels (DeepSeek-V3 report, arXiv 2412.19437, sec. 3.3.2: activations quantised to FP8 before the dispatch,
+# 1 x 128 tile scales; DeepEP's dispatch kernels take FP8). The combine returns the experts' outputs unquantised.
+# FP4 expert math dispatches FP8 too: DeepEP has no FP4 dispatch (an engine that sends NVFP4 would move ~0.56 B).
+DISPATCH_BYTES_QUANTISED = 1.0 + 4.0 / 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,3 +132,12 @@ class Precision:
     @property
     def activation_bytes(self) -> float:
         return ACTIVATION_BYTES[self.activations]
+
+    @property
+    def dispatch_bytes(self) -> float:
+        """Bytes per element of a token dispatched to the routed experts by EP all-to-all (the combine moves
+        ``activation_bytes``): quantised to FP8 where the experts compute in FP8 or narrower (or INT8), else the
+        activations' own size (W4A16 and BF16 experts dequantise weights, not activations)."""
+        if self.routed_experts.math in ("fp8", "fp4", "int8"):
+            return min(DISPATCH_BYTES_QUANTISED, self.activation_bytes)
+        return self.activation_bytes

@@ -306,6 +306,12 @@ def test_comm_tp2_ep4(toy_kernels):
     assert [(c.op, c.bytes, c.group) for c in ks["layer_1/experts"].comm] == [("all_reduce", B * H * act, 2)]
     assert ks["layer_1/attention"].comm == [] and ks["lm_head"].comm == []
     assert toy_kernels["layer_0/o_proj"].comm == []  # the input list is not modified
+    # a quantised dispatch (1.03 bytes per element) shrinks the dispatch only, never the combine or the all-reduces
+    ks = {k.name: k for k in annotate_comm(list(toy_kernels.values()), ParallelMapping(tp=2, ep=4, dp_attention=2),
+                                           arch, B, act, 1.03)}
+    assert [(c.purpose, c.bytes) for c in ks["layer_1/experts"].comm] == [
+        ("EP dispatch", B / 2 * K * H * 1.03 * 3 / 4), ("EP combine", a2a)]
+    assert [c.bytes for c in ks["layer_0/o_proj"].comm] == [B / 2 * H * act]
     # tp=2 without EP: one all-reduce after the experts; dp_attention with EP: the dense FFN runs data-parallel
     # (a copy per replica), so no collective around it at tp=1 and the replica's all-reduce at tp=2
     ks = {k.name: k for k in annotate_comm(list(toy_kernels.values()), ParallelMapping(tp=2), arch, B, act)}
@@ -365,6 +371,10 @@ def test_trace_step_caches_trace_and_reprices():
     assert set(t16["matmul_flops_by_dtype"]) == {"bf16"}
     assert t16["kv_read_bytes"] == 2 * t4["kv_read_bytes"]
     assert t16["comm_bytes"] == 2 * B / 4 * K * H * 2 * 3 / 4  # dispatch + combine of each replica's B / 4 tokens
+    # FP4 experts take FP8-quantised activations: the dispatch moves 1 byte + an FP32 scale per 128 channels per
+    # element (DeepSeek-V3 report sec. 3.3.2; DeepEP), the combine still the BF16 outputs
+    assert [c.bytes for c in ex4.comm] == pytest.approx([B / 4 * K * H * (1 + 4 / 128) * 3 / 4, B / 4 * K * H * 2 * 3 / 4])
+    assert t4["comm_bytes"] == pytest.approx(B / 4 * K * H * (1 + 4 / 128 + 2) * 3 / 4)
     doc = json.loads(g4.to_json())
     assert doc["meta"]["precision"] == "fp4" and len(doc["kernels"]) == len(g4.kernels)
 

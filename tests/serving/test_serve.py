@@ -300,6 +300,11 @@ def test_precision_recipes_per_model_and_block_scale_bytes():
     oss8 = Precision.from_dict(load_yaml("precision/fp8.yaml")).for_workload("gpt_oss_20b")
     assert (oss8.routed_experts.weights, oss8.routed_experts.math) == ("mxfp4", "bf16")
     assert oss8.attention.weights == "bf16" and oss8.kv_cache == "fp8"
+    # the EP dispatch is quantised (FP8 + an FP32 scale per 128 channels) only where the experts take quantised
+    # activations; W4A16 / BF16 experts receive BF16 tokens
+    assert fp4.dispatch_bytes == pytest.approx(1 + 4 / 128) and oss.dispatch_bytes == pytest.approx(1 + 4 / 128)
+    assert oss8.dispatch_bytes == int4.dispatch_bytes == 2.0
+    assert Precision.from_dict(load_yaml("precision/bf16.yaml")).dispatch_bytes == 2.0
 
 
 def test_fp4_weights_without_fp4_math_run_at_the_fp8_rate():
@@ -457,7 +462,9 @@ def test_tensor_parallel_all_reduces_twice_per_layer_dense_or_moe(name):
     does tp8ep8 (EP without attention-DP: every rank holds all B tokens, as vLLM's --enable-expert-parallel at TP 8).
     Under tp2dep4 (attention-DP) the experts all-to-all instead: each replica all-reduces its B / 4 tokens over tp 2
     once per layer (twice on dense layers and with a shared expert) and dispatches and combines its ranks' B / 8
-    local tokens' k copies, (ep - 1) / ep of them leaving the rank, on every MoE layer."""
+    local tokens' k copies, (ep - 1) / ep of them leaving the rank, on every MoE layer: dispatched in FP8 with an
+    FP32 scale per 128 channels where the experts compute in FP8 (DeepSeek-V3 report sec. 3.3.2; DeepEP), in BF16
+    where they compute in BF16 (gpt-oss's "fp8" recipe keeps its MXFP4 experts W4A16), combined in BF16."""
     a, kt, b = arch(name), table(name, "fp8"), 64.0
     ab, h = kt.activation_bytes, a.hidden_size
     want = a.num_layers * 2 * b * h * ab * 2 * 7 / 8
@@ -469,8 +476,28 @@ def test_tensor_parallel_all_reduces_twice_per_layer_dense_or_moe(name):
         dep = kernel_times(chip(), kt, DEFAULT, Mapping(tp=2, dp=4, ep=8), decode_work(b, 1024.0))
         shared = 1 if "shared_expert" in kt.names else 0  # its all-reduce stays under EP
         ars = a.num_layers + (a.num_layers - moe_layers) + shared * moe_layers
-        a2a = moe_layers * 2 * (b / 8) * a.experts_per_token * h * ab * 7 / 8
+        dispatch = 2.0 if name.startswith("gpt_oss") else 1.0 + 4.0 / 128
+        a2a = moe_layers * (b / 8) * a.experts_per_token * h * (dispatch + ab) * 7 / 8
         assert float(dep["link_bytes"]) == pytest.approx(ars * (b / 4) * h * ab * 2 * 1 / 2 + a2a, rel=1e-6)
+
+
+@pytest.mark.parametrize("precision,dispatch", [("fp8", 1.0 + 4.0 / 128), ("bf16", 2.0)])
+def test_ep_dispatch_and_combine_times_in_closed_form(precision, dispatch):
+    """DeepSeek-R1 (models.md: hidden 7168, 8 experts per token) on dep8 inside one 8-chip scale-up domain: each of
+    the 8 ranks holds B / 8 tokens and sends 7/8 of their 8 copies to other ranks, once to dispatch and once to
+    combine; each way costs bytes / (link bw x efficiency) + log2(8) hops x 1 us + one collective call. The dispatch
+    moves FP8 with an FP32 scale per 128 channels when the experts compute in FP8 (DeepSeek-V3 report sec. 3.3.2;
+    DeepEP), BF16 when they compute in BF16; the combine moves BF16 either way."""
+    kt = table("deepseek_r1", precision)
+    i = kt.names.index("experts")
+    b, call, eff = 512.0, 5e-6, 0.8
+    p = dataclasses.replace(IDEAL, collective_overhead_s=call, link_efficiency=eff)
+    out = kernel_times(chip(), kt, p, Mapping(dp=8, ep=8), decode_work(b, 1024.0))
+
+    def one_way(elem_bytes):
+        return (b / 8) * 8 * 7168 * elem_bytes * 7 / 8 / (450e9 * eff) + 3 * 1e-6 + call
+
+    assert float(out["t_comm"][i]) == pytest.approx(one_way(dispatch) + one_way(2.0), rel=1e-6)
 
 
 @pytest.mark.parametrize("batch", [1, 8, 64, 1024])
