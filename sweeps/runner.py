@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from arch_space.chip import NUMERIC_FIELDS, Chip
 from arch_space.design_space import AXES
+from arch_space.errors import ConfigError
 from serving.mappings import mapping_name
 from serving.perf import INFEASIBLE_REASONS, family_of
 from serving.serve import METRICS, evaluate_grid
@@ -296,7 +297,8 @@ def run_sweep(design_sets: list[DesignSet], shared: SharedInputs, store: ResultS
 
 
 def init_ray(address: str | None, num_workers: int):
-    """Embedded local Ray by default; ``auto`` or ``ray://host:port`` connects to an existing cluster."""
+    """Embedded local Ray by default; ``auto`` or ``ray://host:port`` connects to an existing cluster. Then checks
+    that the workers run this process's code (:func:`check_worker_code`)."""
     import ray
 
     if ray.is_initialized():
@@ -307,6 +309,44 @@ def init_ray(address: str | None, num_workers: int):
     else:
         ray.init(num_cpus=num_workers, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
                  configure_logging=True, logging_level="ERROR")
+    check_worker_code()
+
+
+def compare_code(driver: tuple[str, str], worker: tuple[str, str]) -> None:
+    """One line naming both source trees when a worker's code differs from the driver's."""
+    if driver[0] != worker[0]:
+        raise ConfigError("ray workers", f"evaluate the sources in {worker[1]} (fingerprint {worker[0]}) but this "
+                          f"process imported {driver[1]} ({driver[0]}): Ray puts the working directory first on its "
+                          "workers' path, so start from the checkout the package is installed from, or run "
+                          "`python -m codesign.main` in this one")
+
+
+def check_worker_code() -> None:
+    """Ray workers put the driver's working directory first on ``sys.path``: a driver whose package is installed
+    from one checkout, started in another (a git worktree, a copy with local edits), would have its workers evaluate
+    the other checkout's model and store its rows under this one's sweep hash, silently. One task on a worker
+    compares the fingerprints (a cluster's workers are held to the same sources)."""
+    import ray
+
+    def identity():
+        # nested, so Ray ships it by value: a worker importing another checkout may not have this module's functions;
+        # the fingerprint of the packages that compute rows, as imported where it runs, and where they are
+        import importlib
+        from pathlib import Path
+
+        from sweeps.store import source_fingerprint
+
+        dirs = [Path(importlib.import_module(n).__file__).parent for n in ("arch_space", "serving", "sweeps")]
+        return source_fingerprint(*dirs), str(dirs[0].parent)
+
+    ours = identity()
+    try:
+        theirs = ray.get(ray.remote(identity).remote())
+    except ray.exceptions.RayTaskError as err:  # the worker's packages could not even run the check
+        raise ConfigError("ray workers", f"could not fingerprint their sources ({type(err.cause).__name__}) while "
+                          f"this process imported {ours[1]}: start from the checkout the package is installed "
+                          "from, or run `python -m codesign.main` in this one") from err
+    compare_code(ours, theirs)
 
 
 def result_design_ids(table: pa.Table) -> np.ndarray:

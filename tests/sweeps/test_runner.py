@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
+from arch_space.errors import ConfigError
 from sweeps import runner
 from sweeps.runner import evaluate_rows, frontier_mask, run_sweep
 from sweeps.store import ResultStore
@@ -145,3 +146,34 @@ def test_workers_claim_distinct_cores_and_release_them_on_exit(tmp_path):
         h.wait()
     again = subprocess.run([sys.executable, "-c", code, str(tmp_path), "0"], capture_output=True, text=True, cwd=root)
     assert again.stdout.split(" ", 1)[0] == str(cores[0])  # the locks died with their processes
+
+
+def test_compare_code_names_both_source_trees():
+    runner.compare_code(("abc", "/a"), ("abc", "/b"))  # the same sources from two places are the same code
+    with pytest.raises(ConfigError, match=r"ray workers: evaluate the sources in /b \(fingerprint def\) but this "
+                                          r"process imported /a \(abc\)"):
+        runner.compare_code(("abc", "/a"), ("def", "/b"))
+
+
+@pytest.mark.slow
+def test_init_ray_refuses_workers_that_import_another_checkout(tmp_path):
+    """Ray puts the driver's working directory first on its workers' path: a driver that imports the framework from
+    this checkout but runs in a directory holding a modified copy must fail in one line, not evaluate the copy."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    for pkg in ("arch_space", "serving", "sweeps"):
+        shutil.copytree(root / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "serving" / "__init__.py", "a") as f:
+        f.write("# a local edit\n")
+    code = "from sweeps.runner import init_ray; init_ray(None, 1); print('ok')"
+    env = dict(os.environ, PYTHONPATH=str(root))
+    # -P: the driver does not put its working directory on its own path (as the `codesign` console script)
+    bad = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode != 0
+    assert f"ray workers: evaluate the sources in {tmp_path}" in bad.stderr and str(root) in bad.stderr
+    good = subprocess.run([sys.executable, "-P", "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert good.returncode == 0 and good.stdout.strip() == "ok", good.stderr[-2000:]
