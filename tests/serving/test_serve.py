@@ -288,8 +288,9 @@ def test_gradient_wrt_chip_parameters_matches_finite_differences():
 
 def test_precision_recipes_per_model_and_block_scale_bytes():
     fp4 = Precision.from_dict(load_yaml("precision/fp4.yaml"))
-    oss = fp4.for_workload("gpt_oss_120b")  # native: MXFP4 experts, BF16 attention
+    oss = fp4.for_workload("gpt_oss_120b")  # native: MXFP4 experts (W4A8: FP8 math), BF16 attention
     assert oss.routed_experts.weights == "mxfp4" and oss.attention.weights == "bf16"
+    assert oss.routed_experts.math == "fp8"
     assert oss.routed_experts.bytes_per_weight == pytest.approx(4.25 / 8)  # OCP MX: 4 bits + 8-bit scale / 32
     llama = fp4.for_workload("llama3_70b")
     assert llama.dense_ffn.weights == "nvfp4" and llama.dense_ffn.bytes_per_weight == pytest.approx(4.5 / 8)
@@ -305,6 +306,20 @@ def test_precision_recipes_per_model_and_block_scale_bytes():
     assert fp4.dispatch_bytes == pytest.approx(1 + 4 / 128) and oss.dispatch_bytes == pytest.approx(1 + 4 / 128)
     assert oss8.dispatch_bytes == int4.dispatch_bytes == 2.0
     assert Precision.from_dict(load_yaml("precision/bf16.yaml")).dispatch_bytes == 2.0
+
+
+def test_gpt_oss_fp4_experts_run_w4a8_at_the_fp8_rate():
+    """gpt-oss's FP4 serving recipe is MXFP4 weights x FP8 activations (engines never quantise its activations to
+    FP4): every routed-expert FLOP is FP8 math and none is FP4. Closed form of the decode FLOPs per token: 36 layers
+    x top-4 experts x (gate+up 2880 -> 2 x 2880, down 2880 -> 2880) x 2 FLOPs per weight (models.md)."""
+    kt = table("gpt_oss_120b", "fp4")
+    per_token = (kt.d_flops_b * kt.count[:, None]).sum(axis=0)  # by math dtype
+    assert per_token[MATH_DTYPES.index("fp4")] == 0.0
+    assert per_token[MATH_DTYPES.index("fp8")] == pytest.approx(36 * 4 * 3 * 2880 * 2880 * 2, rel=1e-9)
+    # and the weights still move in 4.25 bits: 36 layers x 128 experts x (3 x 2880^2 weights + 3 x 2880 biases); the
+    # biases are counted at the experts' storage size (they ship in BF16: 0.1% of these bytes)
+    assert float(np.sum(kt.expert_weight_bytes * kt.count)) == pytest.approx(
+        36 * 128 * 3 * (2880 * 2880 + 2880) * 4.25 / 8, rel=1e-9)
 
 
 def test_fp4_weights_without_fp4_math_run_at_the_fp8_rate():
