@@ -312,13 +312,16 @@ def init_ray(address: str | None, num_workers: int):
     check_worker_code()
 
 
+# what to do when the workers' sources are not the driver's (both errors of check_worker_code end with it)
+_CODE_FIX = "start from the checkout the package is installed from, or run `python -m codesign.main` in this one"
+
+
 def compare_code(driver: tuple[str, str], worker: tuple[str, str]) -> None:
     """One line naming both source trees when a worker's code differs from the driver's."""
     if driver[0] != worker[0]:
         raise ConfigError("ray workers", f"evaluate the sources in {worker[1]} (fingerprint {worker[0]}) but this "
                           f"process imported {driver[1]} ({driver[0]}): Ray puts the working directory first on its "
-                          "workers' path, so start from the checkout the package is installed from, or run "
-                          "`python -m codesign.main` in this one")
+                          f"workers' path, so {_CODE_FIX}")
 
 
 def check_worker_code() -> None:
@@ -344,8 +347,7 @@ def check_worker_code() -> None:
         theirs = ray.get(ray.remote(identity).remote())
     except ray.exceptions.RayTaskError as err:  # the worker's packages could not even run the check
         raise ConfigError("ray workers", f"could not fingerprint their sources ({type(err.cause).__name__}) while "
-                          f"this process imported {ours[1]}: start from the checkout the package is installed "
-                          "from, or run `python -m codesign.main` in this one") from err
+                          f"this process imported {ours[1]}: {_CODE_FIX}") from err
     compare_code(ours, theirs)
 
 
