@@ -288,6 +288,35 @@ def context_line(rec: Recommendation, meta: dict) -> str:
             f"of {rec.chain_steps} dependent call(s)")
 
 
+OVERHEAD_BOUND_SHARE = 0.5  # a decode step at least half fixed overhead is set by it, not by the hardware
+
+
+def overhead_note(meta: dict, target: float) -> str | None:
+    """A note when fixed overheads (per-kernel launch and per-step host work) make up at least half of a featured
+    design's decode step at the headline target: those figures rest on ``serving.kernel_overhead_s`` and
+    ``step_overhead_s``, fitted on GPU software and assumed for chips without measurements (measured 2026-12-06 on
+    the default study: at 2.5 us instead of 7.95 us per kernel the picks held, but the featured designs' DeepSeek-R1
+    / Kimi K2.5 scores at 100 tok/s/user rose 2.7-3.5x and Gen 3 / GB300, whose overheads stay fitted, 2.5x)."""
+    shares: dict[str, list[tuple[float, str]]] = {}
+    for e in meta.get("attribution") or []:
+        total, over = e.get("total_s"), e.get("overhead_s")
+        if e.get("phase") == "decode" and isinstance(total, (int, float)) and isinstance(over, (int, float)) \
+                and total > 0 and over / total >= OVERHEAD_BOUND_SHARE:
+            shares.setdefault(str(e.get("workload", "")), []).append((over / total, str(e.get("name", ""))))
+    if not shares:
+        return None
+    parts = []
+    for w, v in shares.items():
+        lo, hi = min(x for x, _ in v), max(x for x, _ in v)
+        span = f"{lo:.0%}" if round(lo, 2) == round(hi, 2) else f"{lo:.0%}-{hi:.0%}"
+        parts.append(f"{w} {span} ({', '.join(n for _, n in v)})")
+    return (f"Fixed overheads are at least half of the decode step at {target:g} tok/s/user on " + "; ".join(parts)
+            + ": per-kernel launch and per-step host work (serving.kernel_overhead_s, serving.step_overhead_s) are "
+              "fitted on GPU software and assumed for chips without measurements, so absolute figures and ratios "
+              "against competitors there rest on them more than on the hardware; rerun with "
+              "serving.kernel_overhead_s=... to see how far (README).")
+
+
 def report_notes(rec: Recommendation, meta: dict, figure_notes: list[str]) -> list[str]:
     t = rec.headline_target
     notes = [f"{g}: {rec.infeasible[g]} design(s) without a feasible operating point (package limits or memory), "
@@ -301,6 +330,9 @@ def report_notes(rec: Recommendation, meta: dict, figure_notes: list[str]) -> li
     notes.append(f"Agent-chain latency: {rec.chain_steps} x the E2E latency of the frontier operating point at the "
                  f"target (interpolated along the frontier); gains are the reference's latency over the design's.")
     notes += rec.notes + figure_notes
+    over = overhead_note(meta, t)
+    if over:
+        notes.append(over)
     if meta.get("model_note"):
         notes.append("Model: " + str(meta["model_note"]))
     return notes

@@ -186,3 +186,22 @@ def test_assumed_serving_parameters_cite_the_starting_configs_reason():
     # a stored run from before the sources were kept still renders, with the generic source
     assert rows["serving.attention_rows_half"][2:] == ["assumed", "conf/serving (serving-model parameter, not "
                                                                   "fitted)"]
+
+
+def test_an_overhead_bound_decode_step_at_the_target_gets_a_note_naming_the_assumed_parameters():
+    def entry(name, workload, phase, overhead, total):
+        return {"name": name, "workload": workload, "phase": phase, "overhead_s": overhead, "total_s": total}
+
+    meta = {"attribution": [entry("gen1", "big_moe", "decode", 6.9e-3, 10e-3), entry("gen3", "big_moe", "decode",
+                                                                                     5.8e-3, 10e-3),
+                            entry("gen1", "big_moe", "prefill", 9e-3, 10e-3),  # prefill: not the decode step
+                            entry("gen1", "dense", "decode", 3e-3, 10e-3),  # under half: no note for it
+                            entry("gen3", "dense", "decode", 5e-3, 10e-3)]}  # exactly half counts
+    note = report_tables.overhead_note(meta, 100.0)
+    assert note.startswith("Fixed overheads are at least half of the decode step at 100 tok/s/user on "
+                           "big_moe 58%-69% (gen1, gen3); dense 50% (gen3): ")
+    assert "serving.kernel_overhead_s" in note and "serving.step_overhead_s" in note
+    meta_low = {"attribution": [entry("gen1", "dense", "decode", 3e-3, 10e-3), entry("gen1", "big_moe", "prefill",
+                                                                                     9e-3, 10e-3)]}
+    assert report_tables.overhead_note(meta_low, 100.0) is None
+    assert report_tables.overhead_note({}, 100.0) is None
