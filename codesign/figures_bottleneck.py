@@ -13,8 +13,9 @@ ATTRIBUTION_PARTS = [("compute_s", "compute", "tab:blue"), ("memory_s", "memory 
 
 
 def sensitivity_figure(entries: list[dict], max_panels: int = 6):
-    """Tornado per (design, workload): % gain of the metric at matched interactivity per +10% of each resource,
-    from the model's gradients (bars) with the finite-difference check (black diamonds)."""
+    """Tornado per (design, workload): % gain of the metric at matched interactivity per +10% of each resource
+    (-10% of a software overhead: its label says so), from the model's gradients (bars) with the finite-difference
+    check (black diamonds)."""
     entries = list(entries)[:max_panels]
     fig, axes = panel_grid(max(len(entries), 1), width=5.8, height=max(3.0, 0.42 * max(
         (len(e.get("resources", [])) for e in entries), default=4) + 1.4), max_cols=2)
@@ -36,13 +37,14 @@ def sensitivity_figure(entries: list[dict], max_panels: int = 6):
         ax.set_yticks(pos)
         ax.set_yticklabels(labels, fontsize=8)
         metric = e.get("metric", "metric")
-        ax.set_xlabel(f"gain in {metric} per +10% of the resource (%)")
+        ax.set_xlabel(f"gain in {metric} (%)")
         ax.set_ylabel("resource")
         tgt = e.get("target_tok_s_user")
         ax.set_title(f"{e.get('name', e.get('design_id', '?'))} on {e.get('workload', '?')}"
                      + (f" at {num(tgt):g} tok/s/user" if tgt is not None else ""), fontsize=9)
         ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle("Sensitivity: where the next unit of a resource pays off (+10% each)", fontsize=11)
+    fig.suptitle("Sensitivity: where the next unit of a resource pays off (+10% each; overheads -10%)",
+                 fontsize=11)
     return fig
 
 

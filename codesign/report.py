@@ -59,8 +59,9 @@ CAPTIONS = {
     "generation_gains": "Gains of each generation's recommended design over the Gen 1 baseline and the competitors "
                         "at the headline interactivity (n/a: one of the two cannot reach it).",
     "objective_at_targets": "The objective of the featured designs at each interactivity target.",
-    "sensitivity": "Marginal gain of the metric at matched interactivity per +10% of each resource: bars from the "
-                   "model's gradients, diamonds from finite differences.",
+    "sensitivity": "Marginal gain of the metric at matched interactivity per +10% of each resource, and per -10% "
+                   "of the per-kernel overhead (software: launch and host work): bars from the model's gradients, "
+                   "diamonds from finite differences.",
     "roofline": "Attained FLOP/s of the main kernels against their arithmetic intensity, under the compute and "
                 "bandwidth roofs.",
     "attribution": "Each phase's step time split into compute, memory, network, fixed overheads and power "

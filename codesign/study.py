@@ -238,10 +238,10 @@ def _best_row(table: pa.Table, design_id: str, target: float, objective: str) ->
 
 
 def analysis(study: Study, table: pa.Table, rec, log=print) -> dict:
-    """Sensitivities (gain per +10% of each resource at matched interactivity, gradients checked by finite
-    differences), time attribution and roofline points of the baseline and each generation's recommended design
-    (``rec``, selected over the mix), each at the operating point where it does best at the headline target, on
-    every workload of the mix (sensitivities: the primary workload)."""
+    """Sensitivities (gain per +10% of each resource and per -10% of the per-kernel overhead at matched
+    interactivity, gradients checked by finite differences), time attribution and roofline points of the baseline
+    and each generation's recommended design (``rec``, selected over the mix), each at the operating point where it
+    does best at the headline target, on every workload of the mix (sensitivities: the primary workload)."""
     from arch_space.chip import Chip
     from serving.perf import Mapping
     from serving.sensitivity import resource_sensitivities, roofline_points, time_attribution

@@ -47,6 +47,12 @@ RESOURCES = (
     ("scaleup_bandwidth_bytes_per_s", "scale-up bandwidth"),
     ("power_rating_w", "power rating"),
 )
+# (serving parameter, label) of what the design's software rather than its silicon sets, reported per -10% (less
+# overhead pays): a decode step at an interactivity target can be mostly fixed launch and host overhead (DeepSeek-R1
+# at 100 tok/s/user: 58-69% of the step in the default study, README), and then a leaner runtime (graph capture,
+# fused or persistent kernels) pays more than any resource above
+SOFTWARE = (("kernel_overhead_s", "per-kernel overhead (-10%)"),)
+SOFTWARE_PREFIX = "serving."  # a software row's ``resource`` is serving.<parameter>
 # Upper end of the concurrency search: the model is defined at any B and memory feasibility is judged separately,
 # so the bracket is wider than any swept grid (2^20 sequences exceed every HBM at any real context).
 MAX_CONCURRENCY = 2.0 ** 20
@@ -158,16 +164,16 @@ def _operating_point(chip, kt, p, sc, m, target, hi):
 # ---------------------------------------------------------------------------------------------- sensitivities
 @functools.partial(jax.jit, static_argnames="metric")
 def _slopes(chip, kt, p, sc, m, c, metric):
-    """(M, I) at (chip, B = c), their derivatives in every chip figure, and in B."""
-    def f(ch, b):
-        out = evaluate_point(ch, kt, p, sc, m, b)
+    """(M, I) at (chip, B = c): their derivatives in every chip figure, in every serving parameter, and in B."""
+    def f(ch, pp, b):
+        out = evaluate_point(ch, kt, pp, sc, m, b)
         return jnp.stack([out[metric], out["interactivity_tok_s_user"]])
 
-    d_chip, d_b = jax.jacrev(f, argnums=(0, 1))(chip, c)
+    d_chip, d_p, d_b = jax.jacrev(f, argnums=(0, 1, 2))(chip, p, c)
     # a guard (module docstring): a non-finite derivative in B falls back to a central difference
     up, down = c * (1.0 + _B_STEP), c * (1.0 - _B_STEP)
-    fd_b = (f(chip, up) - f(chip, down)) / (up - down)
-    return d_chip, jnp.where(jnp.all(jnp.isfinite(d_b)), d_b, fd_b)
+    fd_b = (f(chip, p, up) - f(chip, p, down)) / (up - down)
+    return d_chip, d_p, jnp.where(jnp.all(jnp.isfinite(d_b)), d_b, fd_b)
 
 
 def _row(field, label, elasticity, gain_gradient, gain_fd, method) -> dict:
@@ -179,7 +185,9 @@ def resource_sensitivities(chip: Chip, kt: KernelTable, params: ServingParams, s
                            mapping: Mapping, target_tok_s_user: float, metric: str = "total_tok_s_per_kw",
                            step: float = 0.10) -> list[dict]:
     """Per resource of RESOURCES: the elasticity of ``metric`` at matched interactivity (gradient, implicit function
-    theorem), the linearised gain of +``step`` (%) and the actual one re-solving the matched concurrency (%).
+    theorem), the linearised gain of +``step`` (%) and the actual one re-solving the matched concurrency (%). Then
+    the same per serving parameter of SOFTWARE (``resource`` serving.<name>), whose gains are for -``step``: less
+    overhead (the elasticity is still d ln M / d ln parameter, so negative where the overhead costs).
 
     ``method`` says which figure to trust: "gradient" (both agree to first order; a resource that does not bind,
     e.g. HBM capacity while the KV fits, has exactly 0), "absent on this chip" (the chip has none of it: FP4 math
@@ -200,33 +208,38 @@ def resource_sensitivities(chip: Chip, kt: KernelTable, params: ServingParams, s
     if reachable:
         m0 = float(base[metric])
         jump = abs(float(base["interactivity_tok_s_user"]) / target_tok_s_user - 1.0) > _RESIDUAL
-        d_chip, d_b = _slopes(ch, kt, p, scenario, m, jnp.float32(c0), metric)
+        d_chip, d_p, d_b = _slopes(ch, kt, p, scenario, m, jnp.float32(c0), metric)
         dm_db, di_db = (float(x) for x in d_b)
     rows = []
-    for field, label in RESOURCES:
-        r = float(getattr(chip, field))
+    # chip resources per +step, then the software's overheads per -step (``sign``)
+    items = [(field, label, ch, getattr(chip, field), +1.0) for field, label in RESOURCES] + \
+            [(field, label, p, getattr(params, field), -1.0) for field, label in SOFTWARE]
+    for field, label, owner, value, sign in items:
+        name = field if owner is ch else SOFTWARE_PREFIX + field
+        r = float(value)
         if r == 0.0:
-            rows.append(_row(field, label, 0.0, 0.0, 0.0, METHOD_ABSENT))
+            rows.append(_row(name, label, 0.0, 0.0, 0.0, METHOD_ABSENT))
             continue
         if not reachable:
-            rows.append(_row(field, label, nan, nan, nan, METHOD_UNREACHABLE))
+            rows.append(_row(name, label, nan, nan, nan, METHOD_UNREACHABLE))
             continue
-        dm_dr, di_dr = (float(x) for x in getattr(d_chip, field))
+        dm_dr, di_dr = (float(x) for x in getattr(d_chip if owner is ch else d_p, field))
         total = dm_dr - dm_db * di_dr / di_db if di_dr != 0.0 else dm_dr  # dM/dr along I = I*
         e = r * total / m0
-        more = dataclasses.replace(ch, **{field: jnp.float32(r * (1.0 + step))})
-        c1, clamped = _operating_point(more, kt, p, scenario, m, target_tok_s_user, hi)
-        m1 = float(_point(more, kt, p, scenario, m, c1)[metric]) if math.isfinite(c1) else nan
+        changed = dataclasses.replace(owner, **{field: jnp.float32(r * (1.0 + sign * step))})
+        more, pm = (changed, p) if owner is ch else (ch, changed)
+        c1, clamped = _operating_point(more, kt, pm, scenario, m, target_tok_s_user, hi)
+        m1 = float(_point(more, kt, pm, scenario, m, c1)[metric]) if math.isfinite(c1) else nan
         fd = 100.0 * (m1 / m0 - 1.0)
         if jump:  # c* sits on a jump of I(B): the implicit function theorem does not apply
-            rows.append(_row(field, label, nan, nan, fd, METHOD_JUMP))
+            rows.append(_row(name, label, nan, nan, fd, METHOD_JUMP))
             continue
         method = METHOD_GRADIENT
         if clamped:
             method = METHOD_CAPACITY
         elif total == 0.0 and abs(fd) > _STEP_NOISE_PCT:
             method = METHOD_STEP
-        rows.append(_row(field, label, e, 100.0 * step * e, fd, method))
+        rows.append(_row(name, label, e, 100.0 * step * sign * e, fd, method))
     return rows
 
 

@@ -23,7 +23,7 @@ from serving.perf import Mapping, ServingParams, Work, kernel_times, power_cappe
 from serving.precision import Precision
 from serving.scenario import Scenario
 from serving.sensitivity import (METHOD_ABSENT, METHOD_CAPACITY, METHOD_GRADIENT, METHOD_STEP, METHOD_UNREACHABLE,
-                                 RESOURCES, matched_concurrency, resource_sensitivities, roofline_points,
+                                 RESOURCES, SOFTWARE, matched_concurrency, resource_sensitivities, roofline_points,
                                  time_attribution)
 from serving.serve import evaluate_point
 from conftest import load_yaml
@@ -113,13 +113,26 @@ def test_gradient_sensitivities_match_central_differences(design):
     name, changes, workload, precision, sc_name, m, target = design
     chip, kt, sc = preset(name, **changes), table(workload, precision), scenario(sc_name)
     rows = resource_sensitivities(chip, kt, PARAMS, sc, m, target)
-    assert [r["resource"] for r in rows] == [f for f, _ in RESOURCES]
+    assert [r["resource"] for r in rows] == [f for f, _ in RESOURCES] + ["serving." + f for f, _ in SOFTWARE]
     h = 1e-3
     base = matched_metric(chip, kt, PARAMS, sc, m, target)
     checked = set()
     for row in rows:
         assert set(row) == {"resource", "label", "elasticity", "gain_pct_gradient", "gain_pct_fd", "method"}
         assert all(isinstance(row[k], float) for k in ("elasticity", "gain_pct_gradient", "gain_pct_fd"))
+        if row["resource"].startswith("serving."):  # software: the gain is for 10% less, against the oracle
+            field = row["resource"].removeprefix("serving.")
+            assert row["gain_pct_gradient"] == pytest.approx(-10.0 * row["elasticity"], rel=1e-9, abs=1e-12)
+            k = getattr(PARAMS, field)
+            less = matched_metric(chip, kt, dataclasses.replace(PARAMS, **{field: k * 0.9}), sc, m, target)
+            assert row["method"] == METHOD_GRADIENT and row["gain_pct_fd"] > 0.0
+            assert row["gain_pct_fd"] == pytest.approx(100.0 * (less / base - 1.0), rel=1e-3, abs=1e-3)
+            up, down = (matched_metric(chip, kt, dataclasses.replace(PARAMS, **{field: k * f}), sc, m, target)
+                        for f in (1 + h, 1 - h))
+            e_fd = (math.log(up) - math.log(down)) / (math.log(1 + h) - math.log(1 - h))
+            assert row["elasticity"] == pytest.approx(e_fd, rel=0.05), row
+            checked.add(row["resource"])
+            continue
         assert row["gain_pct_gradient"] == pytest.approx(10.0 * row["elasticity"], rel=1e-9, abs=1e-12)
         r = getattr(chip, row["resource"])
         if row["method"] == METHOD_ABSENT:
@@ -136,7 +149,7 @@ def test_gradient_sensitivities_match_central_differences(design):
         e_fd = (math.log(up) - math.log(down)) / (math.log(1 + h) - math.log(1 - h))
         assert row["elasticity"] == pytest.approx(e_fd, rel=0.05), row
         checked.add(row["resource"])
-    assert {"hbm_bandwidth_bytes_per_s", "power_rating_w"} <= checked
+    assert {"hbm_bandwidth_bytes_per_s", "power_rating_w", "serving.kernel_overhead_s"} <= checked
     if chip.sram_explicit_fraction > 0:
         assert "sram_capacity_bytes" in checked
 
@@ -162,6 +175,32 @@ def test_closed_form_bandwidth_bound_decode():
             assert abs(rows[f]["elasticity"]) < 1e-3 and abs(rows[f]["gain_pct_fd"]) < 1e-2
         assert rows["power_rating_w"]["elasticity"] == pytest.approx(-1.0, rel=1e-4)  # per rated kW, never capped
         assert rows["hbm_capacity_bytes"]["elasticity"] == 0.0 and rows["hbm_capacity_bytes"]["gain_pct_fd"] == 0.0
+
+
+def test_closed_form_overhead_bound_decode():
+    # As above with a launch overhead k on each of the n kernel executions of every iteration: t_step(B) = (W + K B)
+    # / bw + O + n k, so c* = ((T - O - n k) bw - W) / K, affine in k: its elasticity in k is
+    # -n k / (T - O - n k - W / bw), and 10% less k gains exactly -10 x that. The HBM elasticity becomes
+    # (T - O - n k) / (T - O - n k - W / bw): the overhead eats the step's budget, so bandwidth pays more.
+    bw, k = 3.35e12, 5e-6
+    chip = preset("h100_sxm", bf16_flops_per_s=1e20, fp8_flops_per_s=1e20, int8_flops_per_s=1e20,
+                  sram_capacity_bytes=1.0, hbm_bandwidth_bytes_per_s=bw, power_rating_w=1e6, hbm_capacity_bytes=1e12)
+    p = dataclasses.replace(IDEAL, kernel_overhead_s=k)
+    n = float(np.sum(np.asarray(KT16.count)))
+    t_w = (LLAMA3_8B_PARAMS - V * H) * 2 / bw
+    for target in (60.0, 100.0):
+        budget = 1.0 / target - IDEAL.step_overhead_s - n * k
+        rows = {r["resource"]: r for r in resource_sensitivities(chip, KT16, p, SC, Mapping(), target)}
+        over = rows["serving.kernel_overhead_s"]
+        assert over["label"] == "per-kernel overhead (-10%)" and over["method"] == METHOD_GRADIENT
+        assert over["elasticity"] == pytest.approx(-n * k / (budget - t_w), rel=2e-3)
+        assert over["gain_pct_fd"] == pytest.approx(10.0 * n * k / (budget - t_w), rel=2e-3)
+        assert over["gain_pct_gradient"] == pytest.approx(over["gain_pct_fd"], rel=2e-3)
+        assert rows["hbm_bandwidth_bytes_per_s"]["elasticity"] == pytest.approx(budget / (budget - t_w), rel=2e-3)
+    # no overhead: nothing to gain from less of it
+    none = {r["resource"]: r for r in resource_sensitivities(chip, KT16, IDEAL, SC, Mapping(), 100.0)}
+    assert none["serving.kernel_overhead_s"]["method"] == METHOD_ABSENT
+    assert none["serving.kernel_overhead_s"]["gain_pct_fd"] == 0.0
 
 
 def test_absent_unreachable_and_capacity_bound_cases():
