@@ -12,13 +12,14 @@ ATTRIBUTION_PARTS = [("compute_s", "compute", "tab:blue"), ("memory_s", "memory 
                      ("power_s", "power cap (throttling)", "tab:red")]
 
 
-def sensitivity_figure(entries: list[dict], max_panels: int = 6):
+def sensitivity_figure(entries: list[dict], max_panels: int = 9):
     """Tornado per (design, workload): % gain of the metric at matched interactivity per +10% of each resource
     (-10% of a software overhead: its label says so), from the model's gradients (bars) with the finite-difference
-    check (black diamonds)."""
+    check (black diamonds). Entries come per workload, then per design: three columns put the baseline and the two
+    generations' picks side by side for each workload of a 3-model mix."""
     entries = list(entries)[:max_panels]
     fig, axes = panel_grid(max(len(entries), 1), width=5.8, height=max(3.0, 0.42 * max(
-        (len(e.get("resources", [])) for e in entries), default=4) + 1.4), max_cols=2)
+        (len(e.get("resources", [])) for e in entries), default=4) + 1.4), max_cols=3)
     if not entries:
         empty_panel(axes[0], "no sensitivity results", "gain per +10% of the resource (%)", "resource")
         return fig
