@@ -310,11 +310,15 @@ def overhead_note(meta: dict, target: float) -> str | None:
         lo, hi = min(x for x, _ in v), max(x for x, _ in v)
         span = f"{lo:.0%}" if round(lo, 2) == round(hi, 2) else f"{lo:.0%}-{hi:.0%}"
         parts.append(f"{w} {span} ({', '.join(n for _, n in v)})")
+    # candidates take the shared set unless serving.unmeasured_family gives them a fitted family's (perf.ParamSet)
+    fam = (meta.get("serving") or {}).get("unmeasured_family")
+    knob = (f"serving.families.{fam}.kernel_overhead_s=... (candidates run the {fam} set here, so that moves the "
+            f"{fam} chips too)") if fam else "serving.kernel_overhead_s=..."
     return (f"Fixed overheads are at least half of the decode step at {target:g} tok/s/user on " + "; ".join(parts)
             + ": per-kernel launch and per-step host work (serving.kernel_overhead_s, serving.step_overhead_s) are "
               "fitted on GPU software and assumed for chips without measurements, so absolute figures and ratios "
-              "against competitors there rest on them more than on the hardware; rerun with "
-              "serving.kernel_overhead_s=... to see how far (README).")
+              f"against competitors there rest on them more than on the hardware; rerun with {knob} to see how far "
+              "(README).")
 
 
 def report_notes(rec: Recommendation, meta: dict, figure_notes: list[str]) -> list[str]:

@@ -201,6 +201,10 @@ def test_an_overhead_bound_decode_step_at_the_target_gets_a_note_naming_the_assu
     assert note.startswith("Fixed overheads are at least half of the decode step at 100 tok/s/user on "
                            "big_moe 58%-69% (gen1, gen3); dense 50% (gen3): ")
     assert "serving.kernel_overhead_s" in note and "serving.step_overhead_s" in note
+    assert "rerun with serving.kernel_overhead_s=... to see how far" in note
+    # candidates on a fitted family's set: the knob that moves them is that family's
+    fam = report_tables.overhead_note(meta | {"serving": {"unmeasured_family": "nvidia"}}, 100.0)
+    assert "rerun with serving.families.nvidia.kernel_overhead_s=... (candidates run the nvidia set here" in fam
     meta_low = {"attribution": [entry("gen1", "dense", "decode", 3e-3, 10e-3), entry("gen1", "big_moe", "prefill",
                                                                                      9e-3, 10e-3)]}
     assert report_tables.overhead_note(meta_low, 100.0) is None
