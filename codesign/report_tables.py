@@ -266,17 +266,33 @@ def assumptions(meta: dict) -> list[list[str]]:
             out.append([f"{g}.{field}", _fmt(gen.get(field)), prov.get("kind", ""), prov.get("source", "")])
     serving = dict(meta.get("serving") or {})
     fit = serving.pop("fit", None)
+    # a calibrated file's per-vendor-family sets and the choice of set for chips without one (perf.ParamSet) are
+    # not parameters of the shared set: rows of their own below, not a dict dumped into one cell
+    families = serving.pop("families", None)
+    has_choice = "unmeasured_family" in serving
+    unmeasured = serving.pop("unmeasured_family", None)
     fitted = set(fit.get("fitted", [])) if isinstance(fit, dict) else set()
+    fitted_on = (f"fitted to {fit.get('data')} ({fit.get('rows')} rows, median |error| "
+                 f"{fit.get('median_abs_error_pct')}%, p90 {fit.get('p90_abs_error_pct')}%)") if fitted else ""
     for k, v in serving.items():
         if k in fitted:
-            out.append([f"serving.{k}", _fmt(v), "fitted",
-                        f"the run's conf/serving calibration: fitted to {fit.get('data')} ({fit.get('rows')} rows, "
-                        f"median |error| {fit.get('median_abs_error_pct')}%, p90 {fit.get('p90_abs_error_pct')}%)"])
+            out.append([f"serving.{k}", _fmt(v), "fitted", f"the run's conf/serving calibration: {fitted_on}"])
         else:
             why = (meta.get("serving_sources") or {}).get(k)
             out.append([f"serving.{k}", _fmt(v), "assumed",
                         f"conf/serving/default.yaml: {why}" if why else "conf/serving (serving-model parameter, "
                                                                         "not fitted)"])
+    if has_choice or families:
+        out.append(["serving.unmeasured_family", unmeasured or "null", "assumed",
+                    "chips of vendors without a fitted set (candidates, Gen 1, other unmeasured vendors) use "
+                    + (f"the {unmeasured} family's fitted set" if unmeasured else "the shared set (the serving.* "
+                                                                                   "rows above)")
+                    + ": how mature their software will be is an assumption (README)"])
+    for fam, values in sorted((families or {}).items()) if isinstance(families, dict) else ():
+        for k, v in (values or {}).items():
+            out.append([f"serving.families.{fam}.{k}", _fmt(v), "fitted" if k in fitted else "assumed",
+                        f"the run's conf/serving calibration, {fam} chips' set: {fitted_on}" if k in fitted
+                        else f"the run's conf/serving calibration, {fam} chips' set"])
     return out
 
 

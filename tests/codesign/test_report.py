@@ -209,3 +209,21 @@ def test_an_overhead_bound_decode_step_at_the_target_gets_a_note_naming_the_assu
                                                                                      9e-3, 10e-3)]}
     assert report_tables.overhead_note(meta_low, 100.0) is None
     assert report_tables.overhead_note({}, 100.0) is None
+
+
+def test_vendor_family_sets_are_rows_of_their_own_in_the_assumptions():
+    fit = {"fitted": ["kernel_overhead_s"], "data": "cal.csv", "rows": 3, "median_abs_error_pct": 8.0,
+           "p90_abs_error_pct": 24.5}
+    meta = {"serving": {"kernel_overhead_s": 8e-6, "fit": fit, "unmeasured_family": None,
+                        "families": {"nvidia": {"kernel_overhead_s": 7.1e-6}, "amd": {"kernel_overhead_s": 1.1e-5}}}}
+    rows = {r[0]: r for r in report_tables.assumptions(meta)}
+    assert "serving.families" not in rows  # no dict dumped into a cell
+    assert rows["serving.families.nvidia.kernel_overhead_s"][1:3] == ["7.1e-06", "fitted"]
+    assert "nvidia chips' set" in rows["serving.families.nvidia.kernel_overhead_s"][3]
+    assert "cal.csv" in rows["serving.families.amd.kernel_overhead_s"][3]
+    assert rows["serving.unmeasured_family"][1:3] == ["null", "assumed"]
+    assert "the shared set" in rows["serving.unmeasured_family"][3]
+    chosen = {r[0]: r for r in report_tables.assumptions(
+        {"serving": meta["serving"] | {"unmeasured_family": "nvidia"}})}
+    assert chosen["serving.unmeasured_family"][1] == "nvidia"
+    assert "the nvidia family's fitted set" in chosen["serving.unmeasured_family"][3]
