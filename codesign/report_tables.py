@@ -269,6 +269,7 @@ def assumptions(meta: dict) -> list[list[str]]:
     # a calibrated file's per-vendor-family sets and the choice of set for chips without one (perf.ParamSet) are
     # not parameters of the shared set: rows of their own below, not a dict dumped into one cell
     families = serving.pop("families", None)
+    families = families if isinstance(families, dict) else {}
     has_choice = "unmeasured_family" in serving
     unmeasured = serving.pop("unmeasured_family", None)
     fitted = set(fit.get("fitted", [])) if isinstance(fit, dict) else set()
@@ -288,7 +289,7 @@ def assumptions(meta: dict) -> list[list[str]]:
                     + (f"the {unmeasured} family's fitted set" if unmeasured else "the shared set (the serving.* "
                                                                                    "rows above)")
                     + ": how mature their software will be is an assumption (README)"])
-    for fam, values in sorted((families or {}).items()) if isinstance(families, dict) else ():
+    for fam, values in sorted(families.items()):
         for k, v in (values or {}).items():
             out.append([f"serving.families.{fam}.{k}", _fmt(v), "fitted" if k in fitted else "assumed",
                         f"the run's conf/serving calibration, {fam} chips' set: {fitted_on}" if k in fitted
