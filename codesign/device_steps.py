@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from codesign.device_timing import pipelined_samples, statistic, timed, wall_samples
+from codesign.device_timing import interleaved_samples, pipelined_samples, statistic, timed, wall_samples
 
 if TYPE_CHECKING:
     from codesign.execute import Plan
@@ -260,9 +260,17 @@ def step_dispatch_s(params, tokens, bufs, rest) -> tuple[float, list]:
     return float(wall_samples(once, (), 50, warmup=5).min()), state["bufs"]
 
 
-def measure_decode(model, params, batch: int, context: int, dtype, plan: Plan, key) -> dict:
+def _timed_with(once, refs, plan: Plan) -> tuple[np.ndarray, list[float]]:
+    """The step's wall times, measured in rounds with the reference calls ``refs`` (one run of each per round, the
+    step last), and the references' times (``plan.stat`` of their runs)."""
+    samples = interleaved_samples(list(refs) + [(once, ())], plan.repeats, plan.warmup)
+    return samples[-1], [statistic(x, plan.stat) for x in samples[:-1]]
+
+
+def measure_decode(model, params, batch: int, context: int, dtype, plan: Plan, key, refs=()) -> dict:
     """One decode step of ``batch`` sequences at ``context`` (the cache's filled length, reset every step so every
-    timed step attends over the same context), KV cache donated. Optionally every kernel alone."""
+    timed step attends over the same context), KV cache donated, timed in rounds with the reference calls ``refs``
+    (their times under ``reference_s``). Optionally every kernel alone."""
     import jax
     import jax.numpy as jnp
 
@@ -279,9 +287,9 @@ def measure_decode(model, params, batch: int, context: int, dtype, plan: Plan, k
         state["bufs"] = _buffers(new)[0]  # the updated cache, its length kept at ``context``
         return logits, state["bufs"]
 
-    t = wall_samples(lambda: once(), (), plan.repeats, plan.warmup)
+    t, ref_s = _timed_with(once, refs, plan)
     out = {"phase": "decode", "batch": batch, "context": context, "measured_s": statistic(t, plan.stat),
-           "measured_median_s": float(np.median(t)), "measured_min_s": float(t.min())}
+           "measured_median_s": float(np.median(t)), "measured_min_s": float(t.min()), "reference_s": ref_s}
     out["dispatch_s"], state["bufs"] = step_dispatch_s(params, tokens, state["bufs"], rest)
     if plan.kernels:
         out["kernels_measured_s"] = time_kernels(model.decode, (params, tokens, rebuild(state["bufs"])),
@@ -289,8 +297,9 @@ def measure_decode(model, params, batch: int, context: int, dtype, plan: Plan, k
     return out
 
 
-def measure_prefill(model, params, tokens_n: int, dtype, plan: Plan, key) -> dict:
-    """One prefill of ``tokens_n`` tokens (one request) into an empty, donated KV cache."""
+def measure_prefill(model, params, tokens_n: int, dtype, plan: Plan, key, refs=()) -> dict:
+    """One prefill of ``tokens_n`` tokens (one request) into an empty, donated KV cache, timed in rounds with the
+    reference calls ``refs`` (as :func:`measure_decode`)."""
     import jax
     import jax.numpy as jnp
 
@@ -304,9 +313,9 @@ def measure_prefill(model, params, tokens_n: int, dtype, plan: Plan, key) -> dic
         state["bufs"] = _buffers(new)[0]
         return logits, state["bufs"]
 
-    t = wall_samples(lambda: once(), (), plan.repeats, plan.warmup)
+    t, ref_s = _timed_with(once, refs, plan)
     out = {"phase": "prefill", "batch": 1, "tokens": tokens_n, "measured_s": statistic(t, plan.stat),
-           "measured_median_s": float(np.median(t)), "measured_min_s": float(t.min())}
+           "measured_median_s": float(np.median(t)), "measured_min_s": float(t.min()), "reference_s": ref_s}
     out["dispatch_s"], state["bufs"] = step_dispatch_s(params, tokens, state["bufs"], rest)
     if plan.kernels:
         out["kernels_measured_s"] = time_kernels(model.prefill, (params, tokens, model.init_cache(1, tokens_n, dtype)),

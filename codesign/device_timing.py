@@ -3,7 +3,8 @@
 
 - :func:`wall_samples`: one blocked run at a time (a host round trip per run; right for XLA:CPU and for steps);
 - :func:`pipelined_samples`: runs issued back to back and blocked once (a GPU's own kernel time);
-- :func:`interleaved`: several calls measured in rounds, so a slow spell of a shared machine lands on all alike.
+- :func:`interleaved_samples` / :func:`interleaved`: several calls measured in rounds, so a slow spell of a shared
+  machine lands on all alike.
 """
 
 from __future__ import annotations
@@ -64,11 +65,14 @@ def timed(fn, args, repeats: int, warmup: int = 1, fresh=None, stat: str = "medi
     return statistic(wall_samples(fn, args, repeats, warmup, fresh), stat)
 
 
-def interleaved(calls, repeats: int, warmup: int = 1, stat: str = "median") -> list[float]:
-    """Times of several ``(fn, args)`` measured in rounds (each compiled and warmed first, then one run of each
-    per round): a slow spell of a shared machine then lands on every call alike instead of on whichever call
+def interleaved_samples(calls, repeats: int, warmup: int = 1) -> list[np.ndarray]:
+    """Wall times of several ``(fn, args)`` measured in rounds (each compiled and warmed first, then one run of
+    each per round): a slow spell of a shared machine then lands on every call alike instead of on whichever call
     happened to run during it, which matters when the calls are compared with one another (the GEMM row sweep
-    against the streaming bandwidth)."""
+    against the streaming bandwidth, a step against the micro-benchmarks that predict it). On the 2-core VM this
+    was built on, the achievable DRAM bandwidth switches between ~28 and ~44 GB/s in spells of several seconds
+    while the matmul rate holds at ~200 GFLOP/s (2026-12-07): a memory-bound decode step timed a minute after the
+    bandwidth benchmark read 0.76x-1.59x of its prediction from one run to the next."""
     import jax
 
     for fn, args in calls:
@@ -80,4 +84,9 @@ def interleaved(calls, repeats: int, warmup: int = 1, stat: str = "median") -> l
             t0 = time.perf_counter()
             jax.block_until_ready(fn(*args))
             samples[i].append(time.perf_counter() - t0)
-    return [statistic(np.asarray(x), stat) for x in samples]
+    return [np.asarray(x) for x in samples]
+
+
+def interleaved(calls, repeats: int, warmup: int = 1, stat: str = "median") -> list[float]:
+    """The statistic of each call's :func:`interleaved_samples`."""
+    return [statistic(x, stat) for x in interleaved_samples(calls, repeats, warmup)]

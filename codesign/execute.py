@@ -27,8 +27,12 @@ model (``serving/perf.py``) predicts for the same steps:
 
 The chip is the device itself, described from micro-benchmarks run in the same process, and the serving
 parameters the micro-benchmarks replace are chosen by ``params`` (``phase`` by default): both in
-:mod:`codesign.device_bench`. The steps are run and timed by :mod:`codesign.device_steps` (random weights,
-donated KV caches, per-kernel timing, and the grouped MoE kernel ``moe_impl=grouped`` swaps in on XLA:CPU).
+:mod:`codesign.device_bench`. Each step is timed in rounds with the weight-streaming GEMV and the GEMM sweep rows
+of its own window (one run of each per round), and its prediction uses the bandwidth and the GEMM curve measured in
+those rounds: on a machine whose memory bandwidth changes from one spell to the next (this VM's does, by 1.5x) a
+step and the benchmarks that predict it must see the same machine (:mod:`codesign.device_refs`). The steps are run
+and timed by :mod:`codesign.device_steps` (random weights, donated KV caches, per-kernel timing, and the grouped MoE
+kernel ``moe_impl=grouped`` swaps in on XLA:CPU).
 
 Output: a table of measured vs predicted time per step and per kernel class (and the ratio predicted / measured),
 or one JSON object with ``format=json`` (also per operation, with the predicted compute and memory times).
@@ -48,6 +52,7 @@ from arch_space.validation import check_quantity
 from codesign.cli import CONF_DIR, entry, fail
 from codesign.device_bench import MODE_TEXT, PARAM_MODES, device_chip, device_info, device_params, fit_gemm_curve, \
     microbenchmarks, phase_rows, step_key, sweep_rows
+from codesign.device_refs import references, references_bytes
 from codesign.device_fit import fit_device, reduce_arch
 from codesign.device_steps import measure_decode, measure_prefill, moe_kernel, random_params
 from codesign.device_timing import STATS
@@ -228,12 +233,17 @@ def execute(plan: Plan) -> dict:
         notes.append("bfloat16 on XLA:CPU: matmuls are emulated and slow (exec_dtype=float32 is the CPU choice)")
     if info.get("memory_source", "").startswith("unknown"):
         notes.append(f"device memory {info['memory_source']}: the reduced model was not checked against it")
-    arch, fit_notes = fit_device(plan, dtype, info["free_memory_bytes"])
+    # the reference GEMV and GEMM sweep stay in memory beside the model: every step is timed in rounds with them
+    arch, fit_notes = fit_device(plan, dtype, info["free_memory_bytes"]
+                                 - (references_bytes(dtype_name, info, plan.bench) if info["free_memory_bytes"] > 0
+                                    else 0.0))
     notes += fit_notes
-    mb = microbenchmarks(dtype_name, info, plan.bench, sweep_rows(plan.batches, plan.prefill_tokens),
-                         experts=bool(arch.num_experts))
-    fits = {name: fit_gemm_curve(mb, plan.params, lo, hi)
-            for name, (lo, hi) in phase_rows(plan.batches, plan.prefill_tokens).items()}
+    refs = references(dtype_name, info, plan.bench, sweep_rows(plan.batches, plan.prefill_tokens))
+    mb = microbenchmarks(dtype_name, info, plan.bench, refs, experts=bool(arch.num_experts))
+    windows = phase_rows(plan.batches, plan.prefill_tokens)
+    # the whole-run curve from the micro-benchmarks' sweep; each step's own curve from the sweep rows in its window,
+    # timed in the same rounds as the step (below)
+    fits = {"run": fit_gemm_curve(mb, plan.params, *windows["run"])}
     chip = device_chip(info, mb, dtype_name)
 
     def params_for(mode, step, dispatch_s=None):
@@ -260,15 +270,26 @@ def execute(plan: Plan) -> dict:
     with moe_kernel(moe_impl if arch.num_experts else "native"):
         for i, (phase, n, work) in enumerate(works):
             sub = jax.random.fold_in(key, 1 + i)
-            m = (measure_decode(model, params, n, plan.context, dtype, plan, sub) if phase == "decode"
-                 else measure_prefill(model, params, n, dtype, plan, sub))
             step = step_key(phase, n)
-            others = {mode: predict_step(chip, kt, params_for(mode, step, m["dispatch_s"])[0], work)["predicted_s"]
-                      for mode in PARAM_MODES}
+            calls, rows = refs.calls(*windows[step])
+            m = (measure_decode(model, params, n, plan.context, dtype, plan, sub, calls) if phase == "decode"
+                 else measure_prefill(model, params, n, dtype, plan, sub, calls))
+            # the device as it was while the step ran: the streaming bandwidth and the GEMM rates at the step's
+            # rows measured in the same rounds as the step (the matmul rate, the caches and the overheads are the
+            # micro-benchmarks')
+            alongside = mb | refs.bench(m.pop("reference_s"), rows)
+            fits[step] = fit_gemm_curve(alongside, plan.params, anchor=n) | {
+                "stream_bytes_per_s": alongside["stream_bytes_per_s"]}
+            step_chip = device_chip(info, alongside, dtype_name)
+            others = {mode: predict_step(step_chip, kt, params_for(mode, step, m["dispatch_s"])[0],
+                                         work)["predicted_s"] for mode in PARAM_MODES}
             sp, _ = params_for(plan.params_mode, step, m["dispatch_s"])
-            row = _merge(m, predict_step(chip, kt, sp, work), others)
+            row = _merge(m, predict_step(step_chip, kt, sp, work), others)
             row["serving_params"] = dataclasses.asdict(sp)
+            row["stream_bytes_per_s"] = alongside["stream_bytes_per_s"]
+            row["gemm_sweep"] = alongside["gemm_sweep"]
             steps.append(row)
+    del refs
     if arch.num_experts and moe_impl == "native" and info["platform"] == "cpu":
         notes.append("moe_impl=native: XLA:CPU lowers ragged_dot to a dense masked matmul over all experts")
     if plan.kernels:
@@ -282,7 +303,8 @@ def execute(plan: Plan) -> dict:
         "layer_kinds": [f"{k.attention}/{k.ffn}" for k in arch.layer_kinds()],
         "exec_dtype": dtype_name, "precision": precision.name,
         "moe_impl": moe_impl if arch.num_experts else None,
-        "device": info, "microbenchmarks": mb, "gemm_fits": fits, "chip": chip.to_dict(),
+        "device": info, "microbenchmarks": mb, "gemm_fits": {k: fits[k] for k in [*windows, "run"] if k in fits},
+        "chip": chip.to_dict(),
         "serving_params_mode": plan.params_mode, "serving_params_sources": params_for(plan.params_mode, "run")[1],
         "repeats": plan.repeats, "warmup": plan.warmup, "stat": plan.stat,
         "steps": steps, "notes": notes,
@@ -321,7 +343,9 @@ def format_table(r: dict) -> str:
         worst = int(np.argmax(np.abs(np.log(ratios))))
         lines.append(f"  curve fitted to M = {fit['rows'][0]}..{fit['rows'][-1]} ({name}): e_max "
                      f"{fit['gemm_efficiency_max']:.2f}, rows_half {fit['gemm_rows_half']:.1f}; fit pred/meas "
-                     f"{min(ratios):.2f}..{max(ratios):.2f} (worst at M = {fit['rows'][worst]})")
+                     f"{min(ratios):.2f}..{max(ratios):.2f} (worst at M = {fit['rows'][worst]})"
+                     + (f"; rows and weight stream ({fit['stream_bytes_per_s'] / 1e9:.2f} GB/s) timed with the step"
+                        if "stream_bytes_per_s" in fit else ""))
     lines.append(f"serving params: {r['serving_params_mode']} ({MODE_TEXT[r['serving_params_mode']]}); measured: "
                  f"{r['stat']} of {r['repeats']} runs after {r['warmup']} warm-up")
     head = ("step", "class", "measured ms", "predicted ms", "pred/meas")

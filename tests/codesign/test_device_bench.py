@@ -35,3 +35,53 @@ def test_each_decode_batch_gets_a_curve_fitted_around_its_own_rows(batches, pref
         inside = [m for m in rows if lo <= m <= hi]
         assert b in inside and len(inside) >= 2, (b, inside)  # the step's own row count and a neighbour
     assert ranges[step_key("prefill", prefill)] == (prefill / 4, prefill)
+
+
+def _sweep(rows, seconds, rate, bw, k, n):
+    return {"gemm_sweep": {"k": k, "n": n, "dtype": "float32", "rows": list(rows), "seconds": list(seconds)},
+            "matmul_flops_per_s": rate, "stream_bytes_per_s": bw, "kernel_overhead_s": 0.0}
+
+
+def test_anchored_fit_is_exact_at_the_steps_own_rows_where_the_plain_fit_splits_the_difference():
+    """XLA:CPU's sweep: M = 1 a bandwidth-bound GEMV, M = 2 on a small-GEMM path at 2.7x its time, which no curve
+    of the form e x M / (M + h) follows (at most 2x): anchored at M = 1 the fit matches M = 1 (the closed-form
+    streaming time) and leaves the miss at M = 2; unanchored it misses both."""
+    from codesign.device_bench import fit_gemm_curve
+    from serving.perf import ServingParams
+
+    base = ServingParams()
+    rate, bw, k, n = 2e11, 4e10, 4096, 32768
+
+    def t_mem(m):  # the serving model's streaming time of the GEMM's bytes (closed form)
+        nbytes = (k * n + m * (k + n)) * 4
+        return nbytes / bw * (1 + base.memory_bytes_half / nbytes)
+
+    mb = _sweep([1, 2], [t_mem(1), 2.7 * t_mem(1)], rate, bw, k, n)
+    anchored = fit_gemm_curve(mb, base, anchor=1)
+    plain = fit_gemm_curve(mb, base)
+    assert abs(np.log(anchored["predicted_over_measured"][0])) < 0.01
+    assert anchored["anchor"] == 1 and plain["anchor"] is None
+    assert abs(np.log(plain["predicted_over_measured"][0])) > 0.05  # what the anchor is for
+    # the anchor only breaks ties the window cannot: a representable sweep is fitted as without it
+    rows = np.asarray([4, 8, 16], float)
+    t = np.maximum(2 * rows * k * n / rate / 0.6 * (1 + 10 / rows), [t_mem(m) for m in rows])
+    mb = _sweep(rows.astype(int).tolist(), t.tolist(), rate, bw, k, n)
+    assert max(abs(np.log(fit_gemm_curve(mb, base, anchor=8)["predicted_over_measured"]))) < 0.03
+
+
+def test_references_give_each_step_the_stream_and_the_sweep_rows_of_its_window():
+    from codesign.device_refs import References, references, references_bytes
+
+    info = {"platform": "cpu"}
+    bench = {"stream_bytes": 2 ** 20, "matmul_size": 64, "repeats": 2}
+    refs = references("float32", info, bench, rows=(1, 2, 4, 8, 16))
+    assert isinstance(refs, References) and refs.stream_bytes == 2 ** 20 and refs.rows == (1, 2, 4, 8, 16)
+    calls, rows = refs.calls(4, 16)
+    assert rows == [4, 8, 16] and len(calls) == 4 and calls[0] is refs.stream
+    assert [c[1][0].shape[0] for c in calls[1:]] == rows  # each sweep call multiplies its own row count
+    got = refs.bench([0.5, 1.0, 2.0, 3.0], rows)
+    assert got["stream_bytes_per_s"] == 2 ** 20 / 0.5
+    assert got["gemm_sweep"]["rows"] == [4, 8, 16] and got["gemm_sweep"]["seconds"] == [1.0, 2.0, 3.0]
+    assert got["gemm_sweep"]["k"] == refs.k and got["gemm_sweep"]["n"] == refs.n
+    held = refs.stream[1][1].nbytes + refs.sweep[0][1][1].nbytes
+    assert held <= references_bytes("float32", info, bench)

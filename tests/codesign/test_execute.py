@@ -46,6 +46,15 @@ def test_execute_reports_measured_and_predicted_decode_and_prefill():
     assert chip["sram_explicit_fraction"] == 0.0 and chip["scaleup_domain_chips"] == 1
     assert out["steps"][0]["serving_params"]["memory_efficiency_max"] == 1.0  # the rates are achieved ones
     assert set(out["steps"][0]["predicted_s_by_params"]) == {"phase", "run", "rates", "config"}
+    fits = out["gemm_fits"]
+    assert list(fits) == ["decode B=2", "prefill", "run"]
+    for s, key, own in zip(out["steps"], ("decode B=2", "prefill"), (2, 32)):
+        # each step predicted from the weight stream and the GEMM rows timed in its own rounds, its curve anchored
+        # at its own row count
+        assert s["stream_bytes_per_s"] > 0 and fits[key]["stream_bytes_per_s"] == s["stream_bytes_per_s"]
+        assert fits[key]["anchor"] == own and own in s["gemm_sweep"]["rows"] == fits[key]["rows"]
+        assert len(s["gemm_sweep"]["seconds"]) == len(s["gemm_sweep"]["rows"]) >= 2
+    assert "stream_bytes_per_s" not in fits["run"]  # the micro-benchmarks' whole sweep
     for s in out["steps"]:  # the step's own call overhead, no less than a scalar call's, priced as its overhead
         assert out["microbenchmarks"]["dispatch_s"] <= s["serving_params"]["step_overhead_s"] < s["measured_s"]
         assert s["serving_params"]["step_overhead_s"] == max(s["dispatch_s"], out["microbenchmarks"]["dispatch_s"])
