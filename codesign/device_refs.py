@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class References:
     """The weight-streaming GEMV ``x[1, 8192] @ W[8192, N]`` (the chip's HBM bandwidth) and the GEMM row sweep
     ``x[M, 4096] @ W[4096, N']`` (its efficiency curve), kept as calls with their operands alive so that every step

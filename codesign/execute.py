@@ -52,8 +52,8 @@ from arch_space.validation import check_quantity
 from codesign.cli import CONF_DIR, entry, fail
 from codesign.device_bench import MODE_TEXT, PARAM_MODES, device_chip, device_info, device_params, fit_gemm_curve, \
     microbenchmarks, phase_rows, step_key, sweep_rows
-from codesign.device_refs import references, references_bytes
 from codesign.device_fit import fit_device, reduce_arch
+from codesign.device_refs import references, references_bytes
 from codesign.device_steps import measure_decode, measure_prefill, moe_kernel, random_params
 from codesign.device_timing import STATS
 from codesign.schema import load_workload
