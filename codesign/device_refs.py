@@ -43,7 +43,7 @@ def _stream_bytes(info: dict, bench: dict) -> int:
     return bench["stream_bytes"] or (2 ** 30 if info["platform"] == "cpu" else 2 ** 32)
 
 
-def references_bytes(dtype_name: str, info: dict, bench: dict) -> float:
+def references_bytes(info: dict, bench: dict) -> float:
     """Device memory the :class:`References` hold: the streamed weight and the sweep's (half of it)."""
     return 1.5 * _stream_bytes(info, bench) + 2 ** 20
 

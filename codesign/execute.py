@@ -234,9 +234,8 @@ def execute(plan: Plan) -> dict:
     if info.get("memory_source", "").startswith("unknown"):
         notes.append(f"device memory {info['memory_source']}: the reduced model was not checked against it")
     # the reference GEMV and GEMM sweep stay in memory beside the model: every step is timed in rounds with them
-    arch, fit_notes = fit_device(plan, dtype, info["free_memory_bytes"]
-                                 - (references_bytes(dtype_name, info, plan.bench) if info["free_memory_bytes"] > 0
-                                    else 0.0))
+    free = info["free_memory_bytes"]
+    arch, fit_notes = fit_device(plan, dtype, free - references_bytes(info, plan.bench) if free > 0 else free)
     notes += fit_notes
     refs = references(dtype_name, info, plan.bench, sweep_rows(plan.batches, plan.prefill_tokens))
     mb = microbenchmarks(dtype_name, info, plan.bench, refs, experts=bool(arch.num_experts))

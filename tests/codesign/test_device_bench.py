@@ -84,4 +84,4 @@ def test_references_give_each_step_the_stream_and_the_sweep_rows_of_its_window()
     assert got["gemm_sweep"]["rows"] == [4, 8, 16] and got["gemm_sweep"]["seconds"] == [1.0, 2.0, 3.0]
     assert got["gemm_sweep"]["k"] == refs.k and got["gemm_sweep"]["n"] == refs.n
     held = refs.stream[1][1].nbytes + refs.sweep[0][1][1].nbytes
-    assert held <= references_bytes("float32", info, bench)
+    assert held <= references_bytes(info, bench)
