@@ -39,7 +39,7 @@ KEYS = ("serving", "reference", "output", "fit", "iterations", "learning_rate", 
         "prior_weight", "cv", "cv_output")
 CV_GROUPS = ("model", "hardware", "metric")  # leave-one-group-out: unseen models, unseen chips, unseen metrics
 DEFAULT_FIT = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
-               "memory_efficiency_max", "gemm_rows_half", "moe_rows_half", "kernel_overhead_s",
+               "memory_efficiency_max", "gemm_rows_half", "gemm_k_half", "moe_rows_half", "kernel_overhead_s",
                "collective_overhead_s", "step_overhead_s", "link_efficiency", "comm_overlap")
 
 

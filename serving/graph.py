@@ -29,7 +29,8 @@ from serving.jaxpr_walk import KERNEL_KINDS, WEIGHTLESS, walk_jaxpr
 from serving.precision import BITS_PER_ELEMENT, Precision
 from serving.precision import RECIPE_CLASS as _RECIPE_CLASS
 
-__all__ = ["Kernel", "OperatorGraph", "ParallelMapping", "Collective", "default_param_class", "trace_kernels",
+__all__ = ["Kernel", "OperatorGraph", "ParallelMapping", "Collective", "default_param_class", "default_row_parallel",
+           "trace_kernels",
            "price", "trace_step", "expected_distinct_experts", "load_imbalance", "annotate_comm", "KERNEL_KINDS"]
 
 _LAYER_KEYS = {"attn": "attention", "mlp": "dense_ffn", "experts": "routed_experts", "shared": "shared_experts",
@@ -63,6 +64,17 @@ def default_param_class(path) -> str:
     return "other"
 
 
+# weights of Megatron-LM's row-parallel layers (Shoeybi et al. 2019): the attention output and FFN / expert down
+# projections, whose input dimension -- the contraction of their GEMM -- tensor parallelism splits (the names of
+# serving/models: wo / w_down in gqa, o_proj / down in mla and vision)
+ROW_PARALLEL_KEYS = frozenset({"wo", "o_proj", "w_down", "down"})
+
+
+def default_row_parallel(path) -> bool:
+    """Whether the parameter at ``path`` is a row-parallel weight (``ROW_PARALLEL_KEYS`` anywhere in its path)."""
+    return any(_key(k) in ROW_PARALLEL_KEYS for k in path)
+
+
 @dataclasses.dataclass
 class Kernel:
     name: str
@@ -81,6 +93,9 @@ class Kernel:
     kv_write_bytes: float = 0.0
     activation_in_bytes: float = 0.0
     activation_out_bytes: float = 0.0
+    # sum over its products with weights of FLOPs / contraction depth K, "unsplit" and "row_parallel" (whose K tensor
+    # parallelism divides): FLOPs / this is the kernel's FLOP-weighted harmonic-mean K (serving/jaxpr_walk.py)
+    matmul_flops_over_k: dict = dataclasses.field(default_factory=dict)
     ragged_rows: float = 0.0  # rows (token-expert pairs) entering the ragged_dot, per matmul
     ragged_groups: int = 0  # groups (experts) of the ragged_dot
     num_experts: int = 0
@@ -116,7 +131,8 @@ def kernel_kind(name: str) -> str:
     return KERNEL_KINDS.get(op, "other")
 
 
-def trace_kernels(fn, params_abstract, *args_abstract, param_class_of=default_param_class, cache_argnums=()):
+def trace_kernels(fn, params_abstract, *args_abstract, param_class_of=default_param_class,
+                  row_parallel_of=default_row_parallel, cache_argnums=()):
     """Trace ``fn(params, *args)`` on abstract inputs and return its kernels in order of first appearance, with raw
     counts (element counts; bytes in the traced dtypes). ``cache_argnums`` index ``args_abstract``: their float
     leaves are KV cache."""
@@ -129,7 +145,8 @@ def trace_kernels(fn, params_abstract, *args_abstract, param_class_of=default_pa
             leaves.append(("cache" if kv else "input", None, leaf))
     if len(leaves) != len(closed.jaxpr.invars):
         raise ValueError(f"jaxpr has {len(closed.jaxpr.invars)} inputs, the arguments {len(leaves)} leaves")
-    stats, order = walk_jaxpr(closed, leaves, _kernel_of)
+    rows = frozenset(i for i, (path, _) in enumerate(p_leaves) if row_parallel_of(tuple(path)))
+    stats, order = walk_jaxpr(closed, leaves, _kernel_of, rows)
     kernels = []
     for name in order:
         s = stats[name]
@@ -138,7 +155,8 @@ def trace_kernels(fn, params_abstract, *args_abstract, param_class_of=default_pa
                    weight_elements_by_class=dict(s.weight_elements), weight_bytes_by_class=dict(s.weight_bytes),
                    weight_bytes=sum(s.weight_bytes.values()), kv_read_elements=s.kv_read[0],
                    kv_read_bytes=s.kv_read[1], kv_write_elements=s.kv_write[0], kv_write_bytes=s.kv_write[1],
-                   activation_in_bytes=s.act_in, activation_out_bytes=s.act_out, ragged_rows=s.ragged_rows,
+                   activation_in_bytes=s.act_in, activation_out_bytes=s.act_out,
+                   matmul_flops_over_k=dict(s.over_k), ragged_rows=s.ragged_rows,
                    ragged_groups=s.ragged_groups, notes=sorted(s.notes))
         kernels.append(k)
     return kernels
@@ -180,6 +198,7 @@ def price(kernels, precision: Precision):
                                        flops_by_math_dtype=flops, kv_read_bytes=k.kv_read_elements * kv,
                                        kv_write_bytes=k.kv_write_elements * kv, comm=list(k.comm),
                                        matmul_flops_by_class=dict(k.matmul_flops_by_class),
+                                       matmul_flops_over_k=dict(k.matmul_flops_over_k),
                                        weight_elements_by_class=dict(k.weight_elements_by_class),
                                        notes=list(k.notes)))  # fresh containers: the traced kernels are cached
     return out

@@ -8,6 +8,10 @@ Per kernel it accumulates:
   ``ragged_dot(_general)`` 2 x rows x contracting x output dim (each row multiplies one group's matrix);
   ``conv_general_dilated`` 2 x |out| x (kernel elements per output feature). Each is filed under the tensor class of
   the weight it multiplies (``weightless`` for activation x activation, e.g. attention scores);
+- contraction depth: for every product with a weight, FLOPs / K (K = the contracted elements per output element),
+  kept apart for row-parallel weights (a leaf the caller marks: Megatron-LM's row-parallel layers, whose input
+  dimension, and so K, tensor parallelism splits) and the rest, so that the serving model can charge the depth
+  penalty of a tiled GEMM per chip (``serving/perf.py``);
 - vector FLOPs: 1 per output element of an arithmetic elementwise primitive (transcendentals such as exp, log, tanh,
   rsqrt count 1, as do compares and selects) and 1 per input element of a reduction, cumulative op, sort or top_k;
 - weights read: a parameter leaf is read by the kernel of the first non-layout equation consuming it (convert,
@@ -56,6 +60,7 @@ class _Value:
     counted: bool = False  # the leaf read was already recorded (at a slice)
     cls: str | None = None  # tensor class of the weight it came from (kept through gathers)
     elems: float = 0.0  # leaf elements it covers
+    row: bool = False  # a view of a row-parallel weight (kept through gathers, as ``cls``)
 
 
 @dataclasses.dataclass
@@ -67,6 +72,7 @@ class _Stats:
     writes: dict = dataclasses.field(default_factory=dict)
     ragged_rows: float = 0.0
     ragged_groups: int = 0
+    over_k: dict = dataclasses.field(default_factory=dict)  # "unsplit" / "row_parallel" -> sum of FLOPs / K
     notes: set = dataclasses.field(default_factory=set)
     # filled by _Walker.finish: class -> elements / traced bytes, [elements, bytes], activation bytes
     weight_elements: dict = dataclasses.field(default_factory=dict)
@@ -186,7 +192,7 @@ class _Walker:
             if not src.counted:
                 self._read(st, kernel, src, elems * mult, key=id(eqn))
             if prim == "gather" and self.leaves[src.leaf][0] == "param":  # a lookup: its rows are activations
-                return [_Value(new["nbytes"], kernel, mult, cls=src.cls)]
+                return [_Value(new["nbytes"], kernel, mult, cls=src.cls, row=src.row)]
             return [dataclasses.replace(src, counted=True, elems=elems, **new)]
         if src is not None and self.leaves[src.leaf][0] == "cache" and prim in (
                 "dynamic_update_slice", "scatter", "scatter-add", "scatter_add"):
@@ -198,7 +204,7 @@ class _Walker:
             return [dataclasses.replace(src, nbytes=_nbytes(out_avals[0]), producer=kernel, counted=False)]
         if prim in _LAYOUT and vals[0] is not None and vals[0].cls is not None:  # keep a gathered weight's class
             self._consume(st, kernel, vals[0], mult)
-            return [_Value(_nbytes(out_avals[0]), kernel, mult, cls=vals[0].cls)]
+            return [_Value(_nbytes(out_avals[0]), kernel, mult, cls=vals[0].cls, row=vals[0].row)]
         for v in vals:
             if v is not None:
                 self._consume(st, kernel, v, mult)
@@ -206,28 +212,33 @@ class _Walker:
         return [_Value(_nbytes(a), kernel, mult) for a in out_avals]
 
     def _flops(self, st, prim, p, ins, outs, vals, mult):
-        def add(f):
-            cls = next((v.cls for v in (vals[1], vals[0]) if v is not None and v.cls), WEIGHTLESS)
+        def add(f, depth):
+            w = next((v for v in (vals[1], vals[0]) if v is not None and v.cls), None)
+            cls = w.cls if w is not None else WEIGHTLESS
             st.matmul[cls] = st.matmul.get(cls, 0.0) + f * mult
+            if w is not None and depth > 0:
+                part = "row_parallel" if w.row else "unsplit"
+                st.over_k[part] = st.over_k.get(part, 0.0) + f * mult / depth
 
         if prim == "dot_general":
-            (_, rc), (_, rb) = p["dimension_numbers"]
+            (lc, rc), (_, rb) = p["dimension_numbers"]
             free = [d for i, d in enumerate(ins[1].shape) if i not in rc and i not in rb]
-            add(2.0 * _size(ins[0]) * math.prod(free))
+            add(2.0 * _size(ins[0]) * math.prod(free), math.prod(ins[0].shape[i] for i in lc))
         elif prim in ("ragged_dot_general", "ragged_dot"):
             if prim == "ragged_dot":
-                rc, rb, group, ragged = (1,), (), (0,), 0
+                lc, rc, rb, group, ragged = (1,), (1,), (), (0,), 0
             else:
                 dn = p["ragged_dot_dimension_numbers"]
-                (_, rc), (_, rb) = dn.dot_dimension_numbers
+                (lc, rc), (_, rb) = dn.dot_dimension_numbers
                 group, ragged = dn.rhs_group_dimensions, dn.lhs_ragged_dimensions[0]
             free = [d for i, d in enumerate(ins[1].shape) if i not in rc and i not in rb and i not in group]
-            add(2.0 * _size(ins[0]) * math.prod(free))
+            add(2.0 * _size(ins[0]) * math.prod(free), math.prod(ins[0].shape[i] for i in lc))
             st.ragged_rows = max(st.ragged_rows, float(ins[0].shape[ragged]) * mult)
             st.ragged_groups = max(st.ragged_groups, int(math.prod(ins[1].shape[g] for g in group)))
         elif prim == "conv_general_dilated":
             out_feature = p["dimension_numbers"].rhs_spec[0]
-            add(2.0 * _size(outs[0]) * _size(ins[1]) / ins[1].shape[out_feature])
+            per_output = _size(ins[1]) / ins[1].shape[out_feature]
+            add(2.0 * _size(outs[0]) * per_output, per_output)
         elif prim in _ELEMENTWISE:
             st.vector += float(sum(_size(a) for a in outs)) * mult
         elif prim in _REDUCTION:
@@ -267,9 +278,10 @@ class _Walker:
             s.act_in, s.act_out = act_in.get(name, 0.0), act_out.get(name, 0.0)
 
 
-def walk_jaxpr(closed, leaves, kernel_of):
+def walk_jaxpr(closed, leaves, kernel_of, row_parallel=frozenset()):
     """Walk a ClosedJaxpr whose invars are ``leaves`` ((kind, class, aval) with kind param / cache / input);
-    returns ({kernel: stats}, kernel names in order of first appearance)."""
+    ``row_parallel``: indices of the param leaves whose contraction dimension tensor parallelism splits. Returns
+    ({kernel: stats}, kernel names in order of first appearance)."""
     w = _Walker(leaves, kernel_of)
     ins = []
     for i, (kind, cls, aval) in enumerate(leaves):
@@ -277,7 +289,7 @@ def walk_jaxpr(closed, leaves, kernel_of):
             ins.append(_Value(_nbytes(aval), None))
         else:
             ins.append(_Value(_nbytes(aval), None, leaf=i, cls=cls if kind == "param" else None,
-                              elems=float(_size(aval))))
+                              elems=float(_size(aval)), row=i in row_parallel))
     outs = w.walk(closed.jaxpr, [_Value(0.0, None) for _ in closed.jaxpr.constvars], ins, "", 1.0)
     w.finish(outs)
     return w.stats, list(w.stats)

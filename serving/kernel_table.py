@@ -9,7 +9,10 @@ coefficients per kernel:
     decode  q(B, C) = q_B x B + q_BC x B x C        from traces at (B, C) = (1, C0), (2, C0), (1, 2 C0)
     prefill q(T)    = q_R + q_T x T + q_TT x T^2    from traces of one request at T = T0, 2 T0, 4 T0
 
-for matmul FLOPs by math dtype, KV bytes read and written and activation bytes. The per-request term q_R is the
+for matmul FLOPs by math dtype, KV bytes read and written and activation bytes. Each kernel's GEMMs also carry their
+FLOP-weighted mean 1 / K (contraction depth), apart for row-parallel weights (whose K tensor parallelism splits)
+and the rest, from the decode and the prefill traces (K is a weight's width, the same at every B, C and T; MLA runs
+different products in its absorbed decode and its prefill). The per-request term q_R is the
 lm_head of a prompt, which serving engines run on its last position only (the models' ``prefill`` does the same).
 Weight bytes are constant per step
 (routed experts scale at evaluation with the expected experts touched). The model code computes attention over the
@@ -56,6 +59,10 @@ class KernelTable:
     d_act_b: np.ndarray  # activation bytes in + out per token (decode)
     p_act_r: np.ndarray  # ... per prefilled request
     p_act_t: np.ndarray  # ... per prefill token
+    d_inv_k: np.ndarray  # FLOP-weighted mean 1 / K of the decode step's products with weights whose K is not split
+    d_inv_k_row: np.ndarray  # ... with row-parallel weights (K / tp per chip; serving/graph.ROW_PARALLEL_KEYS)
+    p_inv_k: np.ndarray  # ... of the prefill
+    p_inv_k_row: np.ndarray
     ctx_cap: np.ndarray  # window / chunk of sliding or chunked attention, else a large number
     tp_allreduce: np.ndarray  # 1.0 where a TP all-reduce follows the kernel (experts all-to-all: EP + attention-DP)
     tp_allreduce_ep1: np.ndarray  # ... when the experts see every token (ep = 1, or tpNepN): their partial sums too
@@ -165,6 +172,8 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
         kv_w, _ = decode_fit(lambda k: k.kv_write_bytes)
         act_b, _ = decode_fit(lambda k: k.activation_in_bytes + k.activation_out_bytes)
         act_r, act_t, _ = prefill_fit(lambda k: k.activation_in_bytes + k.activation_out_bytes)
+        d_inv, d_inv_row = _inv_k(a)
+        p_inv, p_inv_row = _inv_k(q1)
         op = name.rsplit("/", 1)[-1]
         routed = a.weight_bytes_by_class.get("routed_experts", 0.0)
         group = GROUP_EXPERTS if a.kind == "moe_experts" else GROUP_FFN if op in _FFN_OPS else GROUP_ATTENTION
@@ -174,6 +183,7 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
             p_flops_t=np.maximum(pt, 0), p_flops_tt=np.maximum(ptt, 0), weight_bytes=a.weight_bytes - routed,
             expert_weight_bytes=routed, d_kv_read_bc=max(kv_bc, 0.0), kv_write_b=max(kv_w, 0.0),
             d_act_b=max(act_b, 0.0), p_act_r=float(_clean(act_r, act_t, 0.0)), p_act_t=max(act_t, 0.0),
+            d_inv_k=d_inv, d_inv_k_row=d_inv_row, p_inv_k=p_inv, p_inv_k_row=p_inv_row,
             ctx_cap=_kv_cap(arch, a.layer) if a.kind == "attention" else 1e12,
             tp_allreduce=float(any(x.op == "all_reduce" for x in a.comm)),
             tp_allreduce_ep1=float(any(x.op == "all_reduce" for x in a_tp.comm)),
@@ -193,6 +203,15 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
         kv_split_limit=float(arch.num_kv_heads if arch.family == "gqa" else 1),
         weight_bytes_total=float(resident), activation_bytes=precision.activation_bytes,
         dispatch_bytes=precision.dispatch_bytes, names=names)
+
+
+def _inv_k(kernel) -> tuple[float, float]:
+    """(unsplit, row-parallel) FLOP-weighted mean 1 / K of a traced kernel's matmuls (0 without matmul FLOPs)."""
+    f = kernel.matmul_flops
+    if f <= 0:
+        return 0.0, 0.0
+    over = kernel.matmul_flops_over_k
+    return over.get("unsplit", 0.0) / f, over.get("row_parallel", 0.0) / f
 
 
 def _clean(per_request, per_token, per_token2):

@@ -26,6 +26,14 @@ rate: charged as streams of the expert's weights instead it fitted the file bett
 models worse (gpt-oss-20b's Hopper W4A16 rows, BF16 math, +19..+60% from the other models' MoE rows, FP4 / FP8
 math; README, 2026-12-06).
 
+GEMM and grouped-expert kernels also lose efficiency with a shallow contraction: eff x K / (K + k_half) with K the
+kernel's FLOP-weighted (harmonic) mean contraction depth per chip. A tiled GEMM pays each output tile's pipeline
+fill and epilogue (loading the first K-slabs, converting and writing the accumulator) once, however deep its K loop
+runs, so at a fixed row count a shallow K reaches a smaller share of peak; tensor parallelism makes it shallower for
+the row-parallel layers (o_proj, down projections: K / tp per chip). Fitted (``gemm_k_half``, README): without it
+the calibration over-predicted the shallow-K models (Qwen3-30B-A3B, 2048 wide with 768-wide experts) and the
+high-TP Llama rows.
+
 A step adds its collectives (ring / tree all-reduce, all-to-all, p2p; ``serving/collectives.py``), overlapped with
 compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit in on-chip SRAM stream from it
 (placement: the step's resident bytes share the SRAM pro rata).
@@ -72,6 +80,9 @@ class ServingParams:
     # expert (small-M tiles / weight streaming): their compute then shrinks with the rows and the weight reads bound
     # them (module docstring; allow_zero: 0 is the plain curve)
     moe_rows_floor: float = quantity(allow_zero=True, default=16.0)
+    # contraction depth at which a GEMM reaches half its row curve's efficiency: eff x K / (K + k_half) (module
+    # docstring; allow_zero: 0 is no depth term, the in-code default; conf/serving/default.yaml starts the fit)
+    gemm_k_half: float = quantity(allow_zero=True, default=0.0)
     # block-scaled FP4 math (NVFP4 / MXFP4) reaches this share of the efficiency FP8 reaches at the same shape:
     # its scale factors are loaded and applied per 16 / 32-element block, and the doubled peak needs twice the
     # operand feed (1.0 = no discount; applies only where the chip has native FP4 math)
@@ -233,6 +244,16 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     # exactly 0; the floor is the grouped MoE kernels' only (module docstring), 0 for every other kind
     floor = jnp.where(kt.kind == KIND_MOE, p.moe_rows_floor, 0.0)
     t_compute = jnp.sum(flops_chip / rates, axis=1) / e_max * (1.0 + half / jnp.maximum(rows + floor, 1e-6))
+    # contraction depth: GEMM and grouped-expert kernels also run at K / (K + k_half) of the row curve (module
+    # docstring), with the FLOP-weighted mean 1 / K per chip: row-parallel weights split K over tp (dense), or over
+    # the chips sharing each expert (n_stage / ep: experts that EP does not spread whole are TP-sharded)
+    split = jnp.where(is_exp, jnp.maximum(n_stage / m.ep, 1.0), m.tp)
+    f_dec = jnp.sum(kt.d_flops_b * q_tokens + kt.d_flops_bc * (q_tokens * ctx)[:, None], axis=1)
+    f_all = jnp.sum(flops, axis=1)
+    inv_k = (f_dec * (kt.d_inv_k + kt.d_inv_k_row * split)
+             + (f_all - f_dec) * (kt.p_inv_k + kt.p_inv_k_row * split)) / jnp.maximum(f_all, 1e-30)
+    is_gemm = (kt.kind == KIND_GEMM) | (kt.kind == KIND_MOE)
+    t_compute = t_compute * (1.0 + jnp.where(is_gemm, p.gemm_k_half * inv_k, 0.0))
     # bytes per chip
     kv_split = m.dp * jnp.minimum(m.tp, kt.kv_split_limit)
     weights = jnp.where(is_exp, touched / kt.num_experts * kt.expert_weight_bytes / n_stage, kt.weight_bytes / m.tp)

@@ -146,6 +146,37 @@ def test_matmul_flops_per_kernel(toy_kernels):
     assert ks["layer_0/attn_norm"].vector_flops > 0 and ks["layer_0/attn_norm"].matmul_flops == 0
 
 
+def test_contraction_depths_per_kernel(toy_kernels):
+    """FLOPs / K per kernel in closed form from the toy's widths: every product with a weight contributes its FLOPs
+    over the dimension it contracts, under ``row_parallel`` for the output / down projections (wo, w_down), which
+    Megatron-LM's TP splits along K, and under ``unsplit`` otherwise; activation x activation products (attention
+    scores and values, the experts' gate-weighted combine) contribute nothing."""
+    ks = toy_kernels
+    assert ks["layer_0/qkv_proj"].matmul_flops_over_k == {"unsplit": 2 * B * (NH * D + 2 * KVH * D)}
+    assert ks["layer_0/o_proj"].matmul_flops_over_k == {"row_parallel": 2 * B * H}
+    assert ks["layer_0/mlp"].matmul_flops_over_k == {"unsplit": 2 * 2 * B * F, "row_parallel": 2 * B * H}
+    assert ks["layer_1/router"].matmul_flops_over_k == {"unsplit": 2 * B * E}
+    assert ks["layer_1/experts"].matmul_flops_over_k == {"unsplit": 2 * B * K * 2 * FE,
+                                                          "row_parallel": 2 * B * K * H}
+    assert ks["lm_head"].matmul_flops_over_k == {"unsplit": 2 * B * V}
+    assert ks["layer_0/attention"].matmul_flops_over_k == {}
+
+
+def test_default_row_parallel():
+    from serving.graph import default_row_parallel
+
+    def path(*keys):
+        return tuple(jax.tree_util.DictKey(k) if isinstance(k, str) else jax.tree_util.SequenceKey(k) for k in keys)
+
+    assert default_row_parallel(path("layers", 3, "attn", "wo"))
+    assert default_row_parallel(path("layers", 0, "experts", "w_down"))
+    assert default_row_parallel(path("layers", 0, "attn", "o_proj"))  # mla
+    assert default_row_parallel(path("layers", 0, "shared", "down"))  # mla's shared expert
+    assert not default_row_parallel(path("layers", 0, "attn", "wq"))
+    assert not default_row_parallel(path("layers", 0, "mlp", "w_up"))
+    assert not default_row_parallel(path("lm_head"))
+
+
 def test_weight_elements_per_kernel(toy_kernels):
     ks = toy_kernels
     assert ks["embed"].weight_elements_by_class == {"embedding": B * H}  # B gathered rows, not the table

@@ -541,3 +541,56 @@ def test_expert_compute_follows_the_floored_moe_curve_in_closed_form(batch):
     # a dense GEMM's curve has no floor
     j = kt.names.index("o_proj")
     assert float(out["t_compute"][j]) == pytest.approx(float(plain["t_compute"][j]), rel=1e-6)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_gemm_compute_follows_the_contraction_depth_term_in_closed_form(tp):
+    """Llama 3 8B (hidden 4096, FFN 14336, 32 q heads of 128) at FP8, prefill of 2048 tokens: the o_proj GEMM
+    contracts over 32 x 128 = 4096 (row-parallel: 4096 / tp per chip) and the MLP over 4096 (gate, up: 2/3 of its
+    FLOPs) and 14336 (down, row-parallel: 1/3), so with k_half the compute time is the depth-free one times
+    1 + k_half x mean(1 / K per chip). The qkv GEMM's K (4096) does not split; attention has no depth term."""
+    kt = table("llama3_8b", "fp8")
+    k_half = 300.0
+    deep = dataclasses.replace(IDEAL, gemm_k_half=k_half)
+    work = Work(decode_tokens=0.0, decode_queries=1.0, context=0.0, prefill_requests=1.0, prefill_len=2048.0)
+    m = Mapping(tp=float(tp))
+    with_k = kernel_times(chip(), kt, deep, m, work)["t_compute"]
+    without = kernel_times(chip(), kt, IDEAL, m, work)["t_compute"]
+    want = {"o_proj": 1 + k_half * tp / 4096,
+            "mlp": 1 + k_half * (2 / 3 / 4096 + 1 / 3 * tp / 14336),
+            "qkv_proj": 1 + k_half / 4096,
+            "attention": 1.0}
+    for name, ratio in want.items():
+        i = kt.names.index(name)
+        assert float(with_k[i]) / float(without[i]) == pytest.approx(ratio, rel=1e-5), name
+
+
+@pytest.mark.parametrize("tp,ep", [(8, 8), (8, 1), (4, 2)])
+def test_expert_depth_splits_over_the_chips_sharing_an_expert(tp, ep):
+    """DeepSeek-R1's routed experts (models.md: hidden 7168, expert FFN 2048; FLOPs per token 2 x 3 x 7168 x 2048 x 8
+    plus the weightless combine 2 x 8 x 7168): gate / up contract over 7168, down over 2048, which splits over the
+    tp / ep chips that share one expert (8 / 8: whole experts, 8 / 1: every expert TP-sharded 8 ways)."""
+    kt = table("deepseek_r1", "fp8")
+    i = kt.names.index("experts")
+    k_half = 500.0
+    deep = dataclasses.replace(IDEAL, gemm_k_half=k_half)
+    m = Mapping(tp=float(tp), ep=float(ep))
+    w = decode_work(256.0, 1024.0)
+    ratio = float(kernel_times(chip(), kt, deep, m, w)["t_compute"][i]) / float(
+        kernel_times(chip(), kt, IDEAL, m, w)["t_compute"][i])
+    weights, combine = 2 * 3 * 7168 * 2048 * 8, 2 * 8 * 7168
+    over_k = 2 * 2 * 2048 * 8 + 2 * 7168 * 8 * (tp / ep)  # sum of FLOPs / K per token
+    assert ratio == pytest.approx(1 + k_half * over_k / (weights + combine), rel=1e-5)
+
+
+@settings(max_examples=20, deadline=None)
+@given(vals=chip_values, factor=st.floats(1.0, 8.0))
+def test_a_deeper_pipeline_penalty_never_speeds_anything_up(vals, factor):
+    """gemm_k_half only ever adds compute time: a larger one never lowers TPOT / TTFT or raises throughput."""
+    c = stack([chip(**vals)])
+    base = {k: np.asarray(v) for k, v in evaluate_grid(c, KT_MOE, DEFAULT, SC, MAPS, CONC).items()}
+    more_p = dataclasses.replace(DEFAULT, gemm_k_half=DEFAULT.gemm_k_half * factor)
+    more = {k: np.asarray(v) for k, v in evaluate_grid(c, KT_MOE, more_p, SC, MAPS, CONC).items()}
+    for k in ("tpot_s", "ttft_s"):
+        assert np.all(more[k] >= base[k] * (1 - 1e-5)), k
+    assert np.all(more["total_tok_s_per_chip"] <= base["total_tok_s_per_chip"] * (1 + 1e-5))
