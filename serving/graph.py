@@ -66,7 +66,7 @@ def default_param_class(path) -> str:
 
 # weights of Megatron-LM's row-parallel layers (Shoeybi et al. 2019): the attention output and FFN / expert down
 # projections, whose input dimension -- the contraction of their GEMM -- tensor parallelism splits (the names of
-# serving/models: wo / w_down in gqa, o_proj / down in mla and vision)
+# serving/models: wo / w_down in gqa, o_proj / down in mla, o_proj in vision)
 ROW_PARALLEL_KEYS = frozenset({"wo", "o_proj", "w_down", "down"})
 
 

@@ -31,8 +31,8 @@ kernel's FLOP-weighted (harmonic) mean contraction depth per chip. A tiled GEMM 
 fill and epilogue (loading the first K-slabs, converting and writing the accumulator) once, however deep its K loop
 runs, so at a fixed row count a shallow K reaches a smaller share of peak; tensor parallelism makes it shallower for
 the row-parallel layers (o_proj, down projections: K / tp per chip). Fitted (``gemm_k_half``, README): without it
-the calibration over-predicted the shallow-K models (Qwen3-30B-A3B, 2048 wide with 768-wide experts) and the
-high-TP Llama rows.
+the calibration over-predicted the shallow-K model (Qwen3-30B-A3B, 2048 wide with 768-wide experts) and some of
+Llama 3 70B's tp8 rows.
 
 A step adds its collectives (ring / tree all-reduce, all-to-all, p2p; ``serving/collectives.py``), overlapped with
 compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit in on-chip SRAM stream from it
