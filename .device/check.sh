@@ -31,10 +31,13 @@ one() {  # name, then execute's overrides
   if timeout "$LIMIT" "$PY" -m codesign.execute "$@" "${SIZE[@]}" format=json > "$OUT/$name.json" 2> "$OUT/$name.err"; then
     "$PY" - "$OUT/$name.json" <<'PYEOF'
 import json, sys
+import yaml
 r = json.load(open(sys.argv[1]))
+nvidia_k_half = yaml.safe_load(open("conf/serving/calibrated.yaml"))["families"]["nvidia"].get("gemm_k_half", 0.0)
 mb = r["microbenchmarks"]
 print(f"{r['workload']} ({r['layers']} of {r['model_layers']} layers, {r['exec_dtype']}) on {r['device']['device_kind']}: "
-      f"matmul {mb['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s, stream {mb['stream_bytes_per_s'] / 1e12:.2f} TB/s")
+      f"matmul {mb['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s, stream {mb['stream_bytes_per_s'] / 1e12:.2f} TB/s, "
+      f"GEMM depth k_half {r['depth_fit']['gemm_k_half']:.0f} (the calibration's NVIDIA set: {nvidia_k_half:.0f})")
 for s in r["steps"]:
     label = f"decode B={s['batch']}" if s["phase"] == "decode" else f"prefill T={s['tokens']}"
     print(f"  {label}: measured {s['measured_s'] * 1e3:.3f} ms, predicted {s['predicted_s'] * 1e3:.3f} ms, "

@@ -46,6 +46,10 @@ table):
   step timed a minute after the micro-benchmarks read 0.76-1.59x of its prediction from run to run (llama3_8b's
   decode steps 1.02-1.09x in five runs since, 2026-12-07). The fits use synthetic matrices, never the model's.
 
+A depth sweep (:func:`depth_sweep`, a compute-bound GEMM at K = 128..8192) measures the device's own side of the
+serving model's contraction-depth term; ``execute`` prints its fitted k_half beside the config's. Every mode but
+``config`` and ``rates`` sets ``gemm_k_half`` to 0: the row sweep's curve, at one depth, stands for every depth.
+
 The attention curve (``attention_rows_half``) and the memory ramp (``memory_bytes_half``) stay as configured in
 every mode: they are the serving model's claims under test.
 """
@@ -200,6 +204,7 @@ def microbenchmarks(dtype_name: str, info: dict, bench: dict, refs: References, 
     # (at the streaming rate) and compute, so both must see the machine in the same state
     calls, rows = refs.calls()
     out |= refs.bench(interleaved(calls, max(reps, 5), stat=st), rows)
+    out["depth_sweep"] = depth_sweep(dtype, cpu, reps, st)
     if experts:  # 8 of 16 stacked [4096, n] matrices, picked by traced indices inside one jitted loop
         kk = refs.k
         ne = max(int(refs.stream_bytes) // 2 // (16 * kk * dtype.itemsize), 8)
@@ -253,6 +258,44 @@ def fit_gemm_curve(mb: dict, base, lo: float = 0, hi: float = float("inf"), anch
     return {"gemm_efficiency_max": float(e[i, 0, 0]), "gemm_rows_half": float(h[0, j, 0]),
             "predicted_over_measured": [float(v) for v in best / meas], "rows": [int(r) for r in rows],
             "anchor": anchor}
+
+
+DEPTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def depth_sweep(dtype, cpu: bool, reps: int, stat: str) -> dict:
+    """Times of x[M, K] @ W[K, N] over the contraction depths ``DEPTHS`` at a row count where the GEMM is compute
+    bound (M = 256, N = 1024 on CPUs; 4096 x 8192 elsewhere): the device's own side of the serving model's depth
+    term (``gemm_k_half``, fitted to GPU serving results by the calibration; :func:`fit_depth_curve`)."""
+    import jax
+    import jax.numpy as jnp
+
+    m, n = (256, 1024) if cpu else (4096, 8192)
+    mm = jax.jit(lambda x, w: jnp.dot(x, w, preferred_element_type=jnp.float32).astype(dtype))
+    seconds = []
+    for k in DEPTHS:
+        kx, kw = jax.random.split(jax.random.key(k))
+        x, w = jax.random.normal(kx, (m, k), dtype), jax.random.normal(kw, (k, n), dtype)
+        seconds.append(timed(mm, (x, w), max(reps, 5), stat=stat))
+        del x, w
+    return {"m": m, "n": n, "k": list(DEPTHS), "seconds": seconds, "dtype": jnp.dtype(dtype).name}
+
+
+def fit_depth_curve(sweep: dict) -> dict:
+    """Fit rate(K) = rate_inf x K / (K + k_half) to a :func:`depth_sweep`: least squares of log rate over a grid of
+    k_half (0 and 1 .. 1e5, log-spaced), rate_inf in closed form for each (the mean log residual). Returns k_half,
+    rate_inf and the fit's predicted / measured time per depth. Reported by ``execute`` beside the serving config's
+    value; the prediction does not use it (its GEMM curve comes from the row sweep, at one depth)."""
+    k = np.asarray(sweep["k"], np.float64)
+    rate = 2.0 * sweep["m"] * k * sweep["n"] / np.asarray(sweep["seconds"], np.float64)
+    h = np.concatenate([[0.0], np.logspace(0, 5, 1001)])[:, None]
+    shape = np.log(k / (k + h))  # [H, K]
+    log_inf = np.mean(np.log(rate) - shape, axis=1, keepdims=True)
+    err = np.sum((np.log(rate) - log_inf - shape) ** 2, axis=1)
+    i = int(np.argmin(err))
+    model = np.exp(log_inf[i, 0] + shape[i])
+    return {"gemm_k_half": float(h[i, 0]), "rate_inf_flops_per_s": float(np.exp(log_inf[i, 0])),
+            "predicted_over_measured": [float(v) for v in rate / model]}
 
 
 def step_key(phase: str, rows: int) -> str:

@@ -50,8 +50,8 @@ from omegaconf import DictConfig, OmegaConf
 from arch_space.errors import ConfigError
 from arch_space.validation import check_quantity
 from codesign.cli import CONF_DIR, entry, fail
-from codesign.device_bench import MODE_TEXT, PARAM_MODES, device_chip, device_info, device_params, fit_gemm_curve, \
-    microbenchmarks, phase_rows, step_key, sweep_rows
+from codesign.device_bench import MODE_TEXT, PARAM_MODES, device_chip, device_info, device_params, fit_depth_curve, \
+    fit_gemm_curve, microbenchmarks, phase_rows, step_key, sweep_rows
 from codesign.device_fit import fit_device, reduce_arch
 from codesign.device_refs import references, references_bytes
 from codesign.device_steps import measure_decode, measure_prefill, moe_kernel, random_params
@@ -303,6 +303,8 @@ def execute(plan: Plan) -> dict:
         "exec_dtype": dtype_name, "precision": precision.name,
         "moe_impl": moe_impl if arch.num_experts else None,
         "device": info, "microbenchmarks": mb, "gemm_fits": {k: fits[k] for k in [*windows, "run"] if k in fits},
+        # the device's own depth curve beside the serving config's (reported: the prediction does not use it)
+        "depth_fit": fit_depth_curve(mb["depth_sweep"]) | {"config_gemm_k_half": float(plan.params.gemm_k_half)},
         "chip": chip.to_dict(),
         "serving_params_mode": plan.params_mode, "serving_params_sources": params_for(plan.params_mode, "run")[1],
         "repeats": plan.repeats, "warmup": plan.warmup, "stat": plan.stat,
@@ -345,6 +347,12 @@ def format_table(r: dict) -> str:
                      f"{min(ratios):.2f}..{max(ratios):.2f} (worst at M = {fit['rows'][worst]})"
                      + (f"; rows and weight stream ({fit['stream_bytes_per_s'] / 1e9:.2f} GB/s) timed with the step"
                         if "stream_bytes_per_s" in fit else ""))
+    ds, df = mb["depth_sweep"], r["depth_fit"]
+    lines.append(f"GEMM depth sweep x[{ds['m']}, K] @ [K, {ds['n']}]: K = "
+                 + ", ".join(f"{k} {2 * ds['m'] * k * ds['n'] / t / 1e9:.0f}" for k, t in zip(ds["k"], ds["seconds"]))
+                 + f" GFLOP/s; rate x K / (K + k_half) fits k_half {df['gemm_k_half']:.0f} (pred/meas "
+                   f"{min(df['predicted_over_measured']):.2f}..{max(df['predicted_over_measured']):.2f}; the serving "
+                   f"config's gemm_k_half {df['config_gemm_k_half']:.0f}; reported, not used by the prediction)")
     lines.append(f"serving params: {r['serving_params_mode']} ({MODE_TEXT[r['serving_params_mode']]}); measured: "
                  f"{r['stat']} of {r['repeats']} runs after {r['warmup']} warm-up")
     head = ("step", "class", "measured ms", "predicted ms", "pred/meas")

@@ -85,3 +85,33 @@ def test_references_give_each_step_the_stream_and_the_sweep_rows_of_its_window()
     assert got["gemm_sweep"]["k"] == refs.k and got["gemm_sweep"]["n"] == refs.n
     held = refs.stream[1][1].nbytes + refs.sweep[0][1][1].nbytes
     assert held <= references_bytes(info, bench)
+
+
+@pytest.mark.parametrize("k_half", [0.0, 150.0, 700.0, 3000.0])
+def test_depth_curve_fit_recovers_a_known_depth_penalty(k_half):
+    """Times generated in closed form, t(K) = 2 M K N / (rate_inf x K / (K + k_half)), over the sweep's depths: the fit
+    returns k_half (to the grid's step, ~1.2%) and rate_inf, and predicts every point."""
+    from codesign.device_bench import DEPTHS, fit_depth_curve
+
+    m, n, rate_inf = 256, 1024, 2e11
+    k = np.asarray(DEPTHS, float)
+    t = 2 * m * k * n / (rate_inf * k / (k + k_half))
+    fit = fit_depth_curve({"m": m, "n": n, "k": list(DEPTHS), "seconds": t.tolist()})
+    if k_half == 0:
+        assert fit["gemm_k_half"] < 1.0
+    else:
+        assert fit["gemm_k_half"] == pytest.approx(k_half, rel=0.02)
+    assert fit["rate_inf_flops_per_s"] == pytest.approx(rate_inf, rel=0.01)
+    assert max(abs(np.log(fit["predicted_over_measured"]))) < 0.01
+
+
+def test_depth_curve_fit_of_a_depth_blind_device_is_flat():
+    """A device whose rate does not depend on K (every point at one rate, with +-3% alternating noise) fits a k_half
+    far below the sweep's shallowest depth: a small k_half is what 'no depth penalty' looks like."""
+    from codesign.device_bench import DEPTHS, fit_depth_curve
+
+    k = np.asarray(DEPTHS, float)
+    noise = np.where(np.arange(len(k)) % 2 == 0, 1.03, 0.97)
+    t = 2 * 256 * k * 1024 / 2e11 * noise
+    fit = fit_depth_curve({"m": 256, "n": 1024, "k": list(DEPTHS), "seconds": t.tolist()})
+    assert fit["gemm_k_half"] < 10.0
