@@ -2,15 +2,15 @@
 
 Each kernel of the traced operator graph (``kernel_table.py``) costs, per chip,
 
-    t_k = max( sum_dtype FLOPs_k,dtype / (rate_dtype x eff_compute(kind, rows)),
+    t_k = max( sum_dtype FLOPs_k,dtype / (rate_dtype x eff_compute(kind, rows, K)),
                memory time of its bytes with SRAM and HBM streaming concurrently / eff_memory(bytes) )
           + kernel_overhead
 
 where the achieved compute efficiency is shape-aware, eff = e_max x rows / (rows + rows_half) per kernel kind (dense
 GEMMs, attention, grouped MoE GEMMs: small or low-intensity kernels reach a smaller share of peak, the behaviour
-roofline studies measure, e.g. Yuan et al., "LLM Inference Unveiled", 2024), FP4 math reaches ``fp4_efficiency`` of
-that (block-scale handling), and memory efficiency grows with the
-transfer size the same way.
+roofline studies measure, e.g. Yuan et al., "LLM Inference Unveiled", 2024), times K / (K + k_half) in the
+contraction depth K for GEMMs (below), FP4 math reaches ``fp4_efficiency`` of that (block-scale handling), and
+memory efficiency grows with the transfer size the same way.
 
 Grouped MoE GEMMs use eff = e_max x (rows + floor) / (rows + floor + rows_half), rows = routed rows per touched
 expert. The plain curve charges every touched expert a fixed rows_half / e_max rows' worth of compute however few
