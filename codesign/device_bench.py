@@ -398,8 +398,8 @@ def device_params(base, mb: dict, mode: str, fit: dict | None = None):
         changes["moe_rows_floor"] = 0.0
         sources["moe_rows_floor"] = "0: the fitted curve is the device's own down to one row"
         changes["gemm_k_half"] = 0.0
-        sources["gemm_k_half"] = ("0: the row sweep (at K = 4096) stands for every depth; this device's depth "
-                                  "dependence is not measured")
+        sources["gemm_k_half"] = ("0: the row sweep (at K = 4096) stands for every depth (the depth sweep is "
+                                  "reported, not used)")
     sources["others"] = "serving config"
     return dataclasses.replace(base, **changes), sources
 
