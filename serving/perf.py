@@ -223,8 +223,8 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     ctx = jnp.minimum(w.context, kt.ctx_cap)  # [K]
     pairs = causal_pairs(w.prefill_len, kt.ctx_cap)  # [K]
     # matmul FLOPs by dtype [K, D] for the whole step, then per chip
-    flops = (kt.d_flops_b * q_tokens + kt.d_flops_bc * (q_tokens * ctx)[:, None]
-             + kt.p_flops_r * w.prefill_requests + kt.p_flops_t * pre_tokens
+    flops_dec = kt.d_flops_b * q_tokens + kt.d_flops_bc * (q_tokens * ctx)[:, None]
+    flops = (flops_dec + kt.p_flops_r * w.prefill_requests + kt.p_flops_t * pre_tokens
              + kt.p_flops_tt * (w.prefill_requests * pairs)[:, None])
     touched = expected_experts(kt.num_experts, kt.experts_per_token, tokens)
     is_exp = kt.group == GROUP_EXPERTS
@@ -248,7 +248,7 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     # docstring), with the FLOP-weighted mean 1 / K per chip: row-parallel weights split K over tp (dense), or over
     # the chips sharing each expert (n_stage / ep: experts that EP does not spread whole are TP-sharded)
     split = jnp.where(is_exp, jnp.maximum(n_stage / m.ep, 1.0), m.tp)
-    f_dec = jnp.sum(kt.d_flops_b * q_tokens + kt.d_flops_bc * (q_tokens * ctx)[:, None], axis=1)
+    f_dec = jnp.sum(flops_dec, axis=1)
     f_all = jnp.sum(flops, axis=1)
     inv_k = (f_dec * (kt.d_inv_k + kt.d_inv_k_row * split)
              + (f_all - f_dec) * (kt.p_inv_k + kt.p_inv_k_row * split)) / jnp.maximum(f_all, 1e-30)
