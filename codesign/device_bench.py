@@ -47,8 +47,11 @@ table):
   decode steps 1.02-1.09x in five runs since, 2026-12-07). The fits use synthetic matrices, never the model's.
 
 A depth sweep (:func:`depth_sweep`, a compute-bound GEMM at K = 128..8192) measures the device's own side of the
-serving model's contraction-depth term; ``execute`` prints its fitted k_half beside the config's. Every mode but
-``config`` and ``rates`` sets ``gemm_k_half`` to 0: the row sweep's curve, at one depth, stands for every depth.
+serving model's contraction-depth term (``gemm_k_half``, fitted by :func:`fit_depth_curve`). Modes ``phase`` and
+``run`` use it: the row sweep runs at one depth (K = 4096), so its curve's maximum is divided by the depth factor
+there and a kernel K deep runs at the row curve's rate times the depth curve's ratio between K and 4096 (projections
+of a wide model contract over 4096-29k, a small model's over a few hundred). ``execute`` prints the fit beside the
+config's value (the calibration's, fitted to GPU serving results), on an accelerator an independent check of it.
 
 The attention curve (``attention_rows_half``) and the memory ramp (``memory_bytes_half``) stay as configured in
 every mode: they are the serving model's claims under test.
@@ -284,8 +287,8 @@ def depth_sweep(dtype, cpu: bool, reps: int, stat: str) -> dict:
 def fit_depth_curve(sweep: dict) -> dict:
     """Fit rate(K) = rate_inf x K / (K + k_half) to a :func:`depth_sweep`: least squares of log rate over a grid of
     k_half (0 and 1 .. 1e5, log-spaced), rate_inf in closed form for each (the mean log residual). Returns k_half,
-    rate_inf and the fit's predicted / measured time per depth. Reported by ``execute`` beside the serving config's
-    value; the prediction does not use it (its GEMM curve comes from the row sweep, at one depth)."""
+    rate_inf and the fit's predicted / measured time per depth. ``execute`` prints it beside the serving config's
+    value, and its ``phase`` and ``run`` predictions take their depth term from it (:func:`device_params`)."""
     k = np.asarray(sweep["k"], np.float64)
     rate = 2.0 * sweep["m"] * k * sweep["n"] / np.asarray(sweep["seconds"], np.float64)
     h = np.concatenate([[0.0], np.logspace(0, 5, 1001)])[:, None]
@@ -370,16 +373,18 @@ def device_chip(info: dict, mb: dict, dtype_name: str):
 PARAM_MODES = ("phase", "run", "rates", "config")
 MODE_TEXT = {"phase": "efficiency maxima 1, GEMM/MoE curve fitted to the sweep's rows around each step's (B/2..2B, "
                       "T/4..T; exact at its own rows where the curve can be), those rows and the weight stream "
-                      "timed with the step, overheads measured, the rest from the serving config",
-             "run": "efficiency maxima 1, one GEMM/MoE curve fitted to the whole sweep, overheads measured, the "
-                    "rest from the serving config",
+                      "timed with the step, the depth sweep's k_half, overheads measured, the rest from the "
+                      "serving config",
+             "run": "efficiency maxima 1, one GEMM/MoE curve fitted to the whole sweep, the depth sweep's k_half, "
+                    "overheads measured, the rest from the serving config",
              "rates": "efficiency maxima 1, overheads measured, the rest from the serving config",
              "config": "the serving config as is"}
 
 
-def device_params(base, mb: dict, mode: str, fit: dict | None = None):
+def device_params(base, mb: dict, mode: str, fit: dict | None = None, depth: dict | None = None):
     """ServingParams for the device chip and where each replaced value came from (module docstring); ``fit``: the
-    GEMM curve of modes ``phase`` and ``run``."""
+    GEMM curve of modes ``phase`` and ``run``; ``depth``: the depth sweep's fit (:func:`fit_depth_curve`), which
+    modes ``phase`` and ``run`` then use as the device's own depth term (0 without it)."""
     if mode == "config":
         return base, {"all": "serving config, as is"}
     changes = {"gemm_efficiency_max": 1.0, "attention_efficiency_max": 1.0, "moe_efficiency_max": 1.0,
@@ -397,9 +402,21 @@ def device_params(base, mb: dict, mode: str, fit: dict | None = None):
                 sources[f"{kind}_{f}"] = "fitted to the GEMM row sweep (the grouped MoE kernel runs the same dots)"
         changes["moe_rows_floor"] = 0.0
         sources["moe_rows_floor"] = "0: the fitted curve is the device's own down to one row"
-        changes["gemm_k_half"] = 0.0
-        sources["gemm_k_half"] = ("0: the row sweep (at K = 4096) stands for every depth (the depth sweep is "
-                                  "reported, not used)")
+        # The row sweep runs at one depth K_ref, so its curve already carries the depth factor K_ref / (K_ref +
+        # k_half): the curve's maximum is divided by it, and a kernel K deep then runs at the sweep's rate x
+        # [K / (K + k_half)] / [K_ref / (K_ref + k_half)]: the row curve at K_ref, the depth curve's shape around it.
+        # The maximum may pass 1: it is relative to the square matmul's rate, at unbounded depth.
+        kh = float(depth["gemm_k_half"]) if depth is not None else 0.0
+        k_ref = float(mb["gemm_sweep"]["k"])
+        changes["gemm_k_half"] = kh
+        if depth is None:
+            sources["gemm_k_half"] = f"0: the row sweep (at K = {k_ref:.0f}) stands for every depth"
+        else:
+            sources["gemm_k_half"] = "measured: the depth sweep's fit rate x K / (K + k_half)"
+            for kind in ("gemm", "moe"):
+                changes[f"{kind}_efficiency_max"] = fit["gemm_efficiency_max"] * (k_ref + kh) / k_ref
+                sources[f"{kind}_efficiency_max"] = (f"fitted to the GEMM row sweep (at K = {k_ref:.0f}), over the "
+                                                     f"depth factor there, K / (K + k_half)")
     sources["others"] = "serving config"
     return dataclasses.replace(base, **changes), sources
 

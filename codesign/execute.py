@@ -243,12 +243,13 @@ def execute(plan: Plan) -> dict:
     # the whole-run curve from the micro-benchmarks' sweep; each step's own curve from the sweep rows in its window,
     # timed in the same rounds as the step (below)
     fits = {"run": fit_gemm_curve(mb, plan.params, *windows["run"])}
+    depth = fit_depth_curve(mb["depth_sweep"])  # the device's own depth term (phase and run modes)
     chip = device_chip(info, mb, dtype_name)
 
     def params_for(mode, step, dispatch_s=None):
         # the step's own call overhead (measured with its argument tree) when known, else the scalar call's
         bench = mb if dispatch_s is None else mb | {"dispatch_s": max(dispatch_s, mb["dispatch_s"])}
-        return device_params(plan.params, bench, mode, fits[step if mode == "phase" else "run"])
+        return device_params(plan.params, bench, mode, fits[step if mode == "phase" else "run"], depth)
     prec_name = PRECISION_OF[dtype_name]
     precision = Precision.from_dict(OmegaConf.to_container(OmegaConf.load(CONF_DIR / "precision" /
                                                                           f"{prec_name}.yaml")), "precision")
@@ -303,8 +304,8 @@ def execute(plan: Plan) -> dict:
         "exec_dtype": dtype_name, "precision": precision.name,
         "moe_impl": moe_impl if arch.num_experts else None,
         "device": info, "microbenchmarks": mb, "gemm_fits": {k: fits[k] for k in [*windows, "run"] if k in fits},
-        # the device's own depth curve beside the serving config's (reported: the prediction does not use it)
-        "depth_fit": fit_depth_curve(mb["depth_sweep"]) | {"config_gemm_k_half": float(plan.params.gemm_k_half)},
+        # the device's own depth curve (phase and run modes predict with it) beside the serving config's
+        "depth_fit": depth | {"config_gemm_k_half": float(plan.params.gemm_k_half)},
         "chip": chip.to_dict(),
         "serving_params_mode": plan.params_mode, "serving_params_sources": params_for(plan.params_mode, "run")[1],
         "repeats": plan.repeats, "warmup": plan.warmup, "stat": plan.stat,
@@ -352,7 +353,8 @@ def format_table(r: dict) -> str:
                  + ", ".join(f"{k} {2 * ds['m'] * k * ds['n'] / t / 1e9:.0f}" for k, t in zip(ds["k"], ds["seconds"]))
                  + f" GFLOP/s; rate x K / (K + k_half) fits k_half {df['gemm_k_half']:.0f} (pred/meas "
                    f"{min(df['predicted_over_measured']):.2f}..{max(df['predicted_over_measured']):.2f}; the serving "
-                   f"config's gemm_k_half {df['config_gemm_k_half']:.0f}; reported, not used by the prediction)")
+                   f"config's gemm_k_half {df['config_gemm_k_half']:.0f}"
+                   + ("; the prediction's" if r["serving_params_mode"] in ("phase", "run") else "") + ")")
     lines.append(f"serving params: {r['serving_params_mode']} ({MODE_TEXT[r['serving_params_mode']]}); measured: "
                  f"{r['stat']} of {r['repeats']} runs after {r['warmup']} warm-up")
     head = ("step", "class", "measured ms", "predicted ms", "pred/meas")

@@ -115,3 +115,57 @@ def test_depth_curve_fit_of_a_depth_blind_device_is_flat():
     t = 2 * 256 * k * 1024 / 2e11 * noise
     fit = fit_depth_curve({"m": 256, "n": 1024, "k": list(DEPTHS), "seconds": t.tolist()})
     assert fit["gemm_k_half"] < 10.0
+
+
+def test_device_params_predict_a_depth_aware_device_from_its_row_and_depth_sweeps():
+    """A synthetic device whose GEMMs run at rate_inf x e M / (M + h) x K / (K + k_half): its row sweep (K = 4096) and
+    depth sweep are generated in closed form, fitted as ``execute`` fits them, and the phase-mode parameters then
+    predict Llama 3 8B's prefill GEMMs, which contract over 4096 (qkv, o_proj, gate / up) and 14336 (down), at the
+    device's own time: FLOPs / rate_inf / e(M) x (1 + k_half x mean(1 / K)). Without the depth fit every kernel
+    runs at the sweep's K = 4096 rate, so the MLP (a third of its FLOPs at K = 14336) comes out slower than the
+    device by the depth factor's ratio."""
+    from codesign.device_bench import DEPTHS, device_params, fit_depth_curve, fit_gemm_curve
+    from serving.kernel_table import build_kernel_table
+    from serving.perf import Mapping, ServingParams, Work, kernel_times
+    from serving.precision import Precision
+    from tests.conftest import load_yaml
+    from tests.serving.test_serve import arch, chip
+
+    rate_inf, e, h, k_half, rate_sq = 1.0e11, 0.6, 20.0, 400.0, 0.7e11
+    k_ref, n = 4096, 8192
+
+    def device_time(m, k, nn):  # the synthetic device, compute-bound
+        return 2 * m * k * nn / (rate_inf * e * m / (m + h) * k / (k + k_half))
+
+    rows = np.asarray([64, 128, 256, 512, 1024, 2048], float)
+    base = ServingParams(memory_bytes_half=0.0)
+    mb = {"gemm_sweep": {"k": k_ref, "n": n, "dtype": "float32", "rows": rows.astype(int).tolist(),
+                         "seconds": device_time(rows, k_ref, n).tolist()},
+          "matmul_flops_per_s": rate_sq, "stream_bytes_per_s": 1e15, "kernel_overhead_s": 0.0, "dispatch_s": 0.0}
+    fit = fit_gemm_curve(mb, base)
+    ks = np.asarray(DEPTHS, float)
+    depth = fit_depth_curve({"m": 256, "n": 1024, "k": list(DEPTHS), "seconds": device_time(256, ks, 1024).tolist()})
+    with_depth, src = device_params(base, mb, "run", fit, depth)
+    without, _ = device_params(base, mb, "run", fit)
+    assert with_depth.gemm_k_half == depth["gemm_k_half"] and without.gemm_k_half == 0.0
+    assert "depth sweep" in src["gemm_k_half"]
+
+    kt = build_kernel_table(arch("llama3_8b"), Precision.from_dict(load_yaml("precision/fp32.yaml")))
+    dev = chip(bf16_flops_per_s=rate_sq, fp8_flops_per_s=0.0, hbm_bandwidth_bytes_per_s=1e15,
+               sram_bandwidth_bytes_per_s=1e15)
+    t_len = 2048.0
+    work = Work(decode_tokens=0.0, decode_queries=1.0, context=0.0, prefill_requests=1.0, prefill_len=t_len)
+    got = kernel_times(dev, kt, with_depth, Mapping(), work)["t_compute"]
+    flat = kernel_times(dev, kt, without, Mapping(), work)["t_compute"]
+    hid, ffn, layers = 4096, 14336, 32
+    truth = {"mlp": layers * (2 * device_time(t_len, hid, ffn) + device_time(t_len, ffn, hid)),
+             "o_proj": layers * device_time(t_len, hid, hid)}
+    for name, want in truth.items():
+        i = kt.names.index(name)
+        # the fits' grids (e in steps of 0.02, rows_half log-spaced) leave ~1-2%
+        assert float(got[i]) * float(kt.count[i]) == pytest.approx(want, rel=0.03), name
+    # between kernels the fits' grid errors cancel: only k_half (the depth fit, ~1%) sets the MLP / o_proj ratio
+    ratio = lambda t: float(t[kt.names.index("mlp")]) / float(t[kt.names.index("o_proj")])  # noqa: E731
+    assert ratio(got) == pytest.approx(truth["mlp"] / truth["o_proj"], rel=2e-3)
+    depth_gain = (1 + k_half / hid) / (1 + k_half * (2 / 3 / hid + 1 / 3 / ffn))  # the MLP's deeper third
+    assert ratio(flat) == pytest.approx(ratio(got) * depth_gain, rel=2e-3)

@@ -55,13 +55,16 @@ def test_execute_reports_measured_and_predicted_decode_and_prefill():
         assert fits[key]["anchor"] == own and own in s["gemm_sweep"]["rows"] == fits[key]["rows"]
         assert len(s["gemm_sweep"]["seconds"]) == len(s["gemm_sweep"]["rows"]) >= 2
     assert "stream_bytes_per_s" not in fits["run"]  # the micro-benchmarks' whole sweep
-    # the device's depth curve, measured and fitted, reported beside the config's value and not used: phase mode
-    # sets the depth term to 0 (its row sweep stands for every depth)
+    # the device's depth curve, measured and fitted, reported beside the config's value: phase mode predicts with
+    # it, the row curve's maximum divided by the depth factor at the sweep's K
     depth, dfit = out["microbenchmarks"]["depth_sweep"], out["depth_fit"]
     assert len(depth["k"]) == len(depth["seconds"]) == len(dfit["predicted_over_measured"]) >= 5
     assert all(t > 0 for t in depth["seconds"]) and dfit["gemm_k_half"] >= 0 and dfit["rate_inf_flops_per_s"] > 0
     assert dfit["config_gemm_k_half"] == 256.0  # conf/serving/default.yaml's start
-    assert out["steps"][0]["serving_params"]["gemm_k_half"] == 0.0
+    sp, k_ref = out["steps"][0]["serving_params"], out["microbenchmarks"]["gemm_sweep"]["k"]
+    assert sp["gemm_k_half"] == dfit["gemm_k_half"]
+    assert sp["gemm_efficiency_max"] * k_ref / (k_ref + dfit["gemm_k_half"]) == pytest.approx(
+        fits["decode B=2"]["gemm_efficiency_max"], rel=1e-12)
     for s in out["steps"]:  # the step's own call overhead, no less than a scalar call's, priced as its overhead
         assert out["microbenchmarks"]["dispatch_s"] <= s["serving_params"]["step_overhead_s"] < s["measured_s"]
         assert s["serving_params"]["step_overhead_s"] == max(s["dispatch_s"], out["microbenchmarks"]["dispatch_s"])
