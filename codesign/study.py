@@ -34,10 +34,11 @@ from sweeps.runner import DesignSet, SharedInputs, init_ray, run_sweep
 from sweeps.store import SORT_KEYS, ResultStore, atomic_write_table, source_fingerprint
 
 # Bump when the evaluation changes what it computes for the same inputs: part of every sweep's identity.
-MODEL_VERSION = "serving-v5"  # v2: clock and HBM speed-bin axes in every design; v3: prefill lm_head on the
+MODEL_VERSION = "serving-v6"  # v2: clock and HBM speed-bin axes in every design; v3: prefill lm_head on the
 # last position only, the grouped-MoE rows floor (serving/perf.py); v4: TP-sharded experts all-reduce their output,
 # TP degrees divide the heads, FP4 recipes' attention core at FP8, PP iterations as micro-batches; v5: the EP
-# dispatch moves FP8 where the experts take quantised activations: stored rows of older versions are not reused.
+# dispatch moves FP8 where the experts take quantised activations; v6: GEMM efficiency falls with the contraction
+# depth, attention's rows are one sequence's (not the batch's): stored rows of older versions are not reused.
 # The version is the human-readable label; MODEL_CODE (a hash of arch_space/, serving/ and sweeps/: the chips, the
 # model and the runner that writes the rows) makes any source change a new sweep even where nobody bumped it.
 MODEL_CODE = source_fingerprint(*(Path(pkg.__file__).parent for pkg in (arch_space, serving, sweeps)))

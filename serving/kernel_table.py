@@ -74,6 +74,7 @@ class KernelTable:
     num_experts: float
     experts_per_token: float
     kv_split_limit: float  # TP degree beyond which the KV cache is replicated (KV heads; 1 for MLA's latent)
+    query_heads: float  # attention query heads (a decode step's query rows per KV head: query_heads / KV heads)
     weight_bytes_total: float  # every resident weight (for memory feasibility)
     activation_bytes: float
     dispatch_bytes: float  # per element of a token sent to the experts by EP all-to-all (Precision.dispatch_bytes)
@@ -201,8 +202,8 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
         **cols, hidden_size=float(arch.hidden_size), num_layers=float(arch.num_layers),
         num_experts=float(max(arch.num_experts, 1)), experts_per_token=float(arch.experts_per_token),
         kv_split_limit=float(arch.num_kv_heads if arch.family == "gqa" else 1),
-        weight_bytes_total=float(resident), activation_bytes=precision.activation_bytes,
-        dispatch_bytes=precision.dispatch_bytes, names=names)
+        query_heads=float(arch.num_attention_heads), weight_bytes_total=float(resident),
+        activation_bytes=precision.activation_bytes, dispatch_bytes=precision.dispatch_bytes, names=names)
 
 
 def _inv_k(kernel) -> tuple[float, float]:

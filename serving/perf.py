@@ -12,6 +12,14 @@ roofline studies measure, e.g. Yuan et al., "LLM Inference Unveiled", 2024), tim
 contraction depth K for GEMMs (below), FP4 math reaches ``fp4_efficiency`` of that (block-scale handling), and
 memory efficiency grows with the transfer size the same way.
 
+Attention's rows are one sequence's, because each sequence attends over its own keys: a decode step of B sequences
+is B separate problems, not one of B rows. Decode kernels (FlashDecoding, FlashInfer, TRT-LLM's XQA) put the query
+heads that share a KV head, times the sequence's query tokens (1, or 1 + drafts under MTP), on the MMA's rows: Llama
+3 70B's 8 (64 / 8 KV heads), DeepSeek's absorbed MLA 128 / tp (every head shares the latent); a KV head replicated
+under tp > KV heads keeps q / tp. A prefill's rows are its prompt's tokens. (Until 2026-12-07 the rows were the
+step's decode tokens: at batch 1 that made a GQA model's decode attention compute-bound at ~1 / 65 of peak, several
+times its KV reads.)
+
 Grouped MoE GEMMs use eff = e_max x (rows + floor) / (rows + floor + rows_half), rows = routed rows per touched
 expert. The plain curve charges every touched expert a fixed rows_half / e_max rows' worth of compute however few
 rows it gets: fitted where the calibration data has MoE steps (5-1000 rows per expert) that is its shape, but at
@@ -73,7 +81,7 @@ class ServingParams:
     gemm_efficiency_max: float = quantity(default=0.75)
     gemm_rows_half: float = quantity(default=32.0)
     attention_efficiency_max: float = quantity(default=0.6)
-    attention_rows_half: float = quantity(default=64.0)
+    attention_rows_half: float = quantity(default=16.0)  # query rows of one sequence (kernel_times)
     moe_efficiency_max: float = quantity(default=0.6)
     moe_rows_half: float = quantity(default=64.0)
     # rows per expert below which the grouped expert GEMMs stop paying the fitted small-M penalty as a fixed cost per
@@ -244,6 +252,14 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     # exactly 0; the floor is the grouped MoE kernels' only (module docstring), 0 for every other kind
     floor = jnp.where(kt.kind == KIND_MOE, p.moe_rows_floor, 0.0)
     t_compute = jnp.sum(flops_chip / rates, axis=1) / e_max * (1.0 + half / jnp.maximum(rows + floor, 1e-6))
+    # attention: each sequence attends over its own keys, so its rows are that sequence's queries, never the batch's
+    # (module docstring): a decode step's query heads sharing one KV head on the chip times its query tokens, a
+    # prefill's prompt tokens
+    group = kt.query_heads / jnp.maximum(kt.kv_split_limit, m.tp)
+    t_dec = jnp.sum(flops_dec * (imbalance / n_stage)[:, None] / rates, axis=1)
+    t_attn = (t_dec * (1.0 + half / jnp.maximum(w.decode_queries * group, 1e-6))
+              + (jnp.sum(flops_chip / rates, axis=1) - t_dec) * (1.0 + half / jnp.maximum(w.prefill_len, 1e-6)))
+    t_compute = jnp.where(kt.kind == KIND_ATTENTION, t_attn / e_max, t_compute)
     # contraction depth: GEMM and grouped-expert kernels also run at K / (K + k_half) of the row curve (module
     # docstring), with the FLOP-weighted mean 1 / K per chip: row-parallel weights split K over tp (dense), or over
     # the chips sharing each expert (n_stage / ep: experts that EP does not spread whole are TP-sharded)

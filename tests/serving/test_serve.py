@@ -594,3 +594,39 @@ def test_a_deeper_pipeline_penalty_never_speeds_anything_up(vals, factor):
     for k in ("tpot_s", "ttft_s"):
         assert np.all(more[k] >= base[k] * (1 - 1e-5)), k
     assert np.all(more["total_tok_s_per_chip"] <= base["total_tok_s_per_chip"] * (1 + 1e-5))
+
+
+@pytest.mark.parametrize("workload,tp,group", [
+    ("llama3_8b", 1, 4),      # 32 query heads over 8 KV heads
+    ("llama3_8b", 8, 4),      # 4 query heads and 1 KV head per chip
+    ("llama3_8b", 16, 2),     # 2 query heads per chip; the 8 KV heads replicated, 1 per chip
+    ("deepseek_r1", 1, 128),  # absorbed MLA: all 128 heads share the latent
+    ("deepseek_r1", 8, 16),
+])
+@pytest.mark.parametrize("batch", [1.0, 64.0])
+def test_attention_rows_are_one_sequences_not_the_batchs(workload, tp, group, batch):
+    """Each sequence attends over its own keys, so a decode step's attention rows are one sequence's query heads per
+    KV head on the chip times its query tokens (1 + MTP drafts), whatever the batch, and a prefill's rows are its
+    prompt's tokens, whatever the number of prompts: with rows_half h the compute time is the h = 0 one times
+    (1 + h / rows). A step that does both pays each part at its own rows."""
+    from serving.kernel_table import KIND_ATTENTION
+
+    kt = table(workload, "fp8")
+    att = np.flatnonzero(np.asarray(kt.kind) == KIND_ATTENTION)
+    assert att.size
+    half = 64.0
+    p = dataclasses.replace(IDEAL, attention_rows_half=half)
+    m = Mapping(tp=float(tp))
+
+    def compute(params, w):
+        return np.asarray(kernel_times(chip(), kt, params, m, w)["t_compute"])[att]
+
+    for queries in (1.0, 2.0):
+        w = Work(decode_tokens=batch, decode_queries=queries, context=2048.0, prefill_requests=0.0, prefill_len=1.0)
+        np.testing.assert_allclose(compute(p, w) / compute(IDEAL, w), 1 + half / (group * queries), rtol=1e-5)
+    length = 1024.0
+    pre = Work(decode_tokens=0.0, decode_queries=1.0, context=0.0, prefill_requests=batch, prefill_len=length)
+    np.testing.assert_allclose(compute(p, pre) / compute(IDEAL, pre), 1 + half / length, rtol=1e-5)
+    dec = Work(decode_tokens=batch, decode_queries=1.0, context=2048.0, prefill_requests=0.0, prefill_len=length)
+    both = dataclasses.replace(dec, prefill_requests=batch)
+    np.testing.assert_allclose(compute(p, both), compute(p, dec) + compute(p, pre), rtol=1e-5)
