@@ -68,6 +68,11 @@ class Precision:
     embeddings: TensorPrecision
     activations: str = choice(tuple(ACTIVATION_BYTES))
     kv_cache: str = choice(tuple(KV_BYTES))
+    # The attention core's math dtype (scores and values), where it differs from what the attention recipe implies
+    # (``attention_core_math``). null: the engines' practice as modelled. A value is a what-if for a serving stack
+    # that quantises Q, K and V itself: FP8 (FlashAttention-3's FP8 forward, Shah et al. 2024), INT8 (SageAttention,
+    # Zhang et al. 2024) or FP4 (SageAttention3's microscaling FP4 attention, Zhang et al. 2025).
+    attention_core: str | None = choice(MATH_DTYPES + (None,), default=None)
     description: str = ""
     # Per-model refinements of this recipe, keyed by workload name: partial mappings of the fields above. The
     # published checkpoints differ (gpt-oss ships MXFP4 experts with BF16 attention; NVIDIA's FP4 Llama
@@ -122,7 +127,10 @@ class Precision:
         """The math dtype of the attention core (scores and values, activation x activation): the attention recipe's,
         but not narrower than FP8. Serving engines' fused attention kernels (FlashAttention-3, TensorRT-LLM's FMHA
         and XQA, FlashInfer) run FP8 Q/K/V at the narrowest; an FP4 attention recipe (NVIDIA's NVFP4 Llama
-        checkpoints) quantises the projection weights, and the attention itself runs on the FP8 KV cache."""
+        checkpoints) quantises the projection weights, and the attention itself runs on the FP8 KV cache.
+        ``attention_core``, where set, overrides this."""
+        if self.attention_core is not None:
+            return self.attention_core
         return "fp8" if self.attention.math == "fp4" else self.attention.math
 
     @property

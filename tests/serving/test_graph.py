@@ -235,6 +235,33 @@ def test_fp4_attention_recipe_keeps_the_attention_core_at_fp8(toy_kernels):
     assert precision("bf16").attention_core_math == "bf16" and precision("fp8").attention_core_math == "fp8"
 
 
+@pytest.mark.parametrize("core", ["fp8", "int8", "fp4"])
+def test_attention_core_what_if_reprices_only_the_activation_matmuls(toy_kernels, core):
+    """``attention_core`` (a model's per_model refinement, as a user sets it from the command line) moves the
+    attention core's FLOPs to its dtype and leaves the projections, the KV bytes and the weights where they were."""
+    raw = load_yaml("precision/fp4.yaml")
+    raw["per_model"]["gpt_oss_120b"] = raw["per_model"]["gpt_oss_120b"] | {"attention_core": core}
+    rec = Precision.from_dict(raw).for_workload("gpt_oss_120b")
+    base = precision("fp4").for_workload("gpt_oss_120b")
+    assert base.attention_core_math == "bf16" and rec.attention_core_math == core  # gpt-oss: BF16 attention
+    ks = {k.name: k for k in price(list(toy_kernels.values()), rec)}
+    ref = {k.name: k for k in price(list(toy_kernels.values()), base)}
+    assert ks["layer_0/attention"].flops_by_math_dtype == {core: 4 * B * NH * S * D}
+    assert ref["layer_0/attention"].flops_by_math_dtype == {"bf16": 4 * B * NH * S * D}
+    assert ks["layer_0/qkv_proj"].flops_by_math_dtype == ref["layer_0/qkv_proj"].flops_by_math_dtype == {
+        "bf16": 2 * B * H * (NH + 2 * KVH) * D}
+    for name in ks:
+        assert ks[name].weight_bytes == ref[name].weight_bytes and ks[name].kv_read_bytes == ref[name].kv_read_bytes
+    assert Precision.from_dict(load_yaml("precision/fp4.yaml")).attention_core is None  # null: engines' practice
+
+
+def test_an_unknown_attention_core_dtype_names_the_field():
+    raw = load_yaml("precision/fp4.yaml")
+    raw["per_model"]["gpt_oss_120b"] = raw["per_model"]["gpt_oss_120b"] | {"attention_core": "fp6"}
+    with pytest.raises(ConfigError, match=r"precision\.per_model\.gpt_oss_120b\.attention_core.*fp6"):
+        Precision.from_dict(raw, "precision")
+
+
 def test_loops_conditionals_and_nested_jit():
     """scan bodies count length times (weights read once), cond takes the costlier branch, a while body counts
     once, nested jit scopes compose; vector FLOPs are 1 per output element."""

@@ -177,3 +177,32 @@ def test_init_ray_refuses_workers_that_import_another_checkout(tmp_path):
     good = subprocess.run([sys.executable, "-P", "-c", code], cwd=root, env=env, capture_output=True, text=True,
                           timeout=300)
     assert good.returncode == 0 and good.stdout.strip() == "ok", good.stderr[-2000:]
+
+
+def test_a_batch_whose_compiled_rows_leak_between_designs_fails_loudly(monkeypatch):
+    """The guard against a miscompiled batch (sweeps/runner.py: _verify_compiled_batch): a fake evaluation that
+    lets designs of one batch shift each other's figures, as XLA's did at 4e1bad3, fails the batch with one line
+    naming the design and the metric; the true evaluation passes, and is checked once per compiled shape."""
+    import dataclasses
+
+    real = runner.evaluate_grid
+    calls = []
+
+    def leaky(chips, *args):
+        out = real(chips, *args)
+        bw = np.asarray(chips.hbm_bandwidth_bytes_per_s)
+        if np.ptp(bw) == 0:  # copies of one design: nothing to leak
+            return out
+        return {k: np.asarray(v) * (1.0 + 0.1 * (k == "ttft_s")) for k, v in out.items()}
+
+    shared, designs = dataclasses.replace(_shared(), pad_to=64), _designs(5)
+    monkeypatch.setattr(runner, "_VERIFIED", set())
+    monkeypatch.setattr(runner, "evaluate_grid", leaky)
+    with pytest.raises(RuntimeError, match=r"sweeps: design \w+ .* gets ttft_s .* in a batch of \d+ designs but .* "
+                                           r"alone: the compiled batch evaluation is wrong"):
+        evaluate_rows(shared, designs)
+    monkeypatch.setattr(runner, "evaluate_grid", lambda chips, *a: calls.append(0) or real(chips, *a))
+    first = evaluate_rows(shared, designs)
+    assert len(calls) == 2  # the batch, then its middle design alone
+    calls.clear()
+    assert tables_equal(evaluate_rows(shared, designs), first) and len(calls) == 1  # this shape is verified
