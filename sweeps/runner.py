@@ -104,33 +104,36 @@ def _padded(chips: Chip, n: int, pad_to: int) -> Chip:
     return Chip(**{f: np.asarray(getattr(chips, f))[idx] for f in NUMERIC_FIELDS}, name=chips.name)
 
 
-# (workload, precision, scenario, params, padded batch, mappings, concurrencies) of the batches whose compiled
-# evaluation this process has checked against a design evaluated alone (_verify_compiled_batch)
+# (workload, precision, scenario, padded batch, mappings, concurrencies): the compiled shapes whose batched evaluation
+# this process has checked against a design evaluated alone (_verify_compiled_batch); the parameters are traced
 _VERIFIED: set = set()
 
 
 def _verify_compiled_batch(out: dict, sub: DesignSet, shared: SharedInputs, params, pad: int) -> None:
-    """A design's rows must not depend on the batch it is evaluated in. XLA once compiled the default study's batched
-    evaluation so that they did (at commit 4e1bad3 up to 66% of a design's TPOT went missing in a batch of 216
-    different designs, while each design alone, and the batch with jit disabled, gave the right figures;
-    tests/codesign/test_study_batches.py). So the first batch of each compiled shape in a process is checked: its
-    middle design is evaluated again as a batch of copies of itself, where no other design can leak in, and every
-    metric must agree. Costs one more compile and evaluation per worker and shape, not per batch."""
+    """A design's rows must not depend on the batch it is evaluated in. The jit-compiled batched evaluation once
+    made them (at commit 4e1bad3 up to 66% of a design's TPOT went missing in a batch of 216 different designs, while
+    each design alone, and the batch with jit disabled, gave the right figures; it took ~64 designs x 15 mappings to
+    show, whatever the concurrencies, and no XLA CPU flag tried changed it; tests/codesign/test_study_batches.py).
+    So the first batch of each compiled shape in a process is checked: its middle design is evaluated again as a
+    batch of copies of itself, where no other design can leak in, and every metric must agree. Costs one more
+    evaluation per worker and compiled shape (not per batch), and no compile."""
     n = len(sub)
-    key = (shared.workload, shared.precision, shared.scenario, id(params), pad, len(np.atleast_1d(shared.mappings.tp)),
+    key = (shared.workload, shared.precision, shared.scenario, pad, len(np.atleast_1d(shared.mappings.tp)),
            len(shared.concurrency))
     if n < 2 or key in _VERIFIED:
         return
     i = n // 2
-    alone = evaluate_grid(_padded(sub.take([i]).chips, 1, _bucket(1, shared.pad_to) if shared.pad_to else 0),
+    # copies of the one design at the batch's own padded shape: the compiled program is reused, not compiled again
+    alone = evaluate_grid(_padded(sub.take([i]).chips, 1, max(pad, 1)),
                           shared.kernels, params, shared.scenario_spec, shared.mappings, shared.concurrency)
     for k in METRICS:
         a, b = out[k][i], np.asarray(alone[k])[0]
         if not np.allclose(a, b, rtol=1e-4, atol=0.0, equal_nan=True):
             j = np.unravel_index(np.argmax(np.abs(np.nan_to_num(a - b))), a.shape)
-            raise RuntimeError(f"sweeps: design {sub.design_id[i]} ({shared.workload}) gets {k} {a[j]:.6g} in a batch "
-                               f"of {n} designs but {b[j]:.6g} alone: the compiled batch evaluation is wrong (an XLA "
-                               f"miscompile); no rows were stored. Try another sweep.batch_size and report it")
+            raise RuntimeError(f"sweeps: design {sub.design_id[i]} ({shared.workload}) gets {k} {a[j]:.6g} in a "
+                               f"batch of {n} designs but {b[j]:.6g} alone: the compiled batch evaluation is wrong "
+                               f"(as at commit 4e1bad3, README); no rows were stored. Try another sweep.batch_size "
+                               f"and report it")
     _VERIFIED.add(key)
 
 
