@@ -251,14 +251,15 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     # t / eff with eff = e_max (rows + floor) / (rows + floor + half), written so that a kernel without work costs
     # exactly 0; the floor is the grouped MoE kernels' only (module docstring), 0 for every other kind
     floor = jnp.where(kt.kind == KIND_MOE, p.moe_rows_floor, 0.0)
-    t_compute = jnp.sum(flops_chip / rates, axis=1) / e_max * (1.0 + half / jnp.maximum(rows + floor, 1e-6))
+    t_peak = jnp.sum(flops_chip / rates, axis=1)  # every FLOP at its dtype's peak rate
+    t_compute = t_peak / e_max * (1.0 + half / jnp.maximum(rows + floor, 1e-6))
     # attention: each sequence attends over its own keys, so its rows are that sequence's queries, never the batch's
     # (module docstring): a decode step's query heads sharing one KV head on the chip times its query tokens, a
     # prefill's prompt tokens
     group = kt.query_heads / jnp.maximum(kt.kv_split_limit, m.tp)
     t_dec = jnp.sum(flops_dec * (imbalance / n_stage)[:, None] / rates, axis=1)
     t_attn = (t_dec * (1.0 + half / jnp.maximum(w.decode_queries * group, 1e-6))
-              + (jnp.sum(flops_chip / rates, axis=1) - t_dec) * (1.0 + half / jnp.maximum(w.prefill_len, 1e-6)))
+              + (t_peak - t_dec) * (1.0 + half / jnp.maximum(w.prefill_len, 1e-6)))
     t_compute = jnp.where(kt.kind == KIND_ATTENTION, t_attn / e_max, t_compute)
     # contraction depth: GEMM and grouped-expert kernels also run at K / (K + k_half) of the row curve (module
     # docstring), with the FLOP-weighted mean 1 / K per chip: row-parallel weights split K over tp (dense), or over
