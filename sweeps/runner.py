@@ -114,26 +114,41 @@ def _verify_compiled_batch(out: dict, sub: DesignSet, shared: SharedInputs, para
     made them (at commit 4e1bad3 up to 66% of a design's TPOT went missing in a batch of 216 different designs, while
     each design alone, and the batch with jit disabled, gave the right figures; it took ~64 designs x 15 mappings to
     show, whatever the concurrencies, and no XLA CPU flag tried changed it; tests/codesign/test_study_batches.py).
-    So the first batch of each compiled shape in a process is checked: its middle design is evaluated again as a
-    batch of copies of itself, where no other design can leak in, and every metric must agree. Costs one more
-    evaluation per worker and compiled shape (not per batch), and no compile."""
+    So the first batch of each compiled shape in a process is evaluated twice more with the same compiled program
+    (no compile), and every metric of every design must agree:
+
+    - the batch rolled by half its length, so every design sits at another position among other neighbours. This
+      checks every row: at 4e1bad3 which rows went wrong depended on the position (Gen 2's first batch: 10 of 18
+      designs spread over it, but not its middle one), and a rolled batch differed in all 72 of Gen 2's designs and
+      128 of Gen 3's 144;
+    - its middle design as a batch of copies of itself, where no other design can leak in (a leak that a roll
+      leaves alone, such as one from a batch-wide reduction).
+
+    Costs two more evaluations per worker and compiled shape (not per batch)."""
     n = len(sub)
     key = (shared.workload, shared.precision, shared.scenario, pad, len(np.atleast_1d(shared.mappings.tp)),
            len(shared.concurrency))
     if n < 2 or key in _VERIFIED:
         return
+
+    def again(chips, m):  # the batch's own padded shape: the compiled program is reused, not compiled again
+        res = evaluate_grid(_padded(chips, m, max(pad, m)), shared.kernels, params, shared.scenario_spec,
+                            shared.mappings, shared.concurrency)
+        return {k: np.asarray(v)[:m] for k, v in res.items()}
+
+    roll = np.roll(np.arange(n), n // 2)  # position p holds design roll[p]: none stays where it was
+    rolled = again(sub.take(roll).chips, n)
     i = n // 2
-    # copies of the one design at the batch's own padded shape: the compiled program is reused, not compiled again
-    alone = evaluate_grid(_padded(sub.take([i]).chips, 1, max(pad, 1)),
-                          shared.kernels, params, shared.scenario_spec, shared.mappings, shared.concurrency)
-    for k in METRICS:
-        a, b = out[k][i], np.asarray(alone[k])[0]
-        if not np.allclose(a, b, rtol=1e-4, atol=0.0, equal_nan=True):
-            j = np.unravel_index(np.argmax(np.abs(np.nan_to_num(a - b))), a.shape)
-            raise RuntimeError(f"sweeps: design {sub.design_id[i]} ({shared.workload}) gets {k} {a[j]:.6g} in a "
-                               f"batch of {n} designs but {b[j]:.6g} alone: the compiled batch evaluation is wrong "
-                               f"(as at commit 4e1bad3, README); no rows were stored. Try another sweep.batch_size "
-                               f"and report it")
+    alone = again(sub.take([i]).chips, 1)
+    for how, idx, got in (("at another position of the batch", roll, rolled), ("alone", [i], alone)):
+        for k in METRICS:
+            a, b = out[k][idx], got[k]
+            if not np.allclose(a, b, rtol=1e-4, atol=0.0, equal_nan=True):
+                j = np.unravel_index(np.argmax(np.abs(np.nan_to_num(a - b))), a.shape)
+                raise RuntimeError(f"sweeps: design {sub.design_id[idx[j[0]]]} ({shared.workload}) gets {k} "
+                                   f"{a[j]:.6g} in a batch of {n} designs but {b[j]:.6g} {how}: the compiled batch "
+                                   f"evaluation is wrong (as at commit 4e1bad3, README); no rows were stored. Try "
+                                   f"another sweep.batch_size and report it")
     _VERIFIED.add(key)
 
 

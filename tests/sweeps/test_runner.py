@@ -201,8 +201,25 @@ def test_a_batch_whose_compiled_rows_leak_between_designs_fails_loudly(monkeypat
     with pytest.raises(RuntimeError, match=r"sweeps: design \w+ .* gets ttft_s .* in a batch of \d+ designs but .* "
                                            r"alone: the compiled batch evaluation is wrong"):
         evaluate_rows(shared, designs)
+    monkeypatch.setattr(runner, "_VERIFIED", set())
+
+    def by_position(chips, *args):  # as at 4e1bad3 in Gen 2's first batch: figures that depend on where a design
+        out = real(chips, *args)    # sits, the middle design's position spared
+        bw = np.asarray(chips.hbm_bandwidth_bytes_per_s)
+        if np.ptp(bw) == 0:
+            return out
+        pos = np.arange(len(bw), dtype=float)
+        f = np.where(pos == int(np.sum(designs.feasible)) // 2, 1.0, 1.0 + 0.01 * (pos + 1))
+        return {k: np.asarray(v) * (f.reshape((-1,) + (1,) * (np.ndim(v) - 1)) if k == "tpot_s" else 1.0)
+                for k, v in out.items()}
+
+    monkeypatch.setattr(runner, "evaluate_grid", by_position)
+    with pytest.raises(RuntimeError, match=r"sweeps: design \w+ .* gets tpot_s .* in a batch of \d+ designs but .* "
+                                           r"at another position of the batch: the compiled batch evaluation"):
+        evaluate_rows(shared, designs)
+    monkeypatch.setattr(runner, "_VERIFIED", set())
     monkeypatch.setattr(runner, "evaluate_grid", lambda chips, *a: calls.append(0) or real(chips, *a))
     first = evaluate_rows(shared, designs)
-    assert len(calls) == 2  # the batch, then its middle design alone
+    assert len(calls) == 3  # the batch, the batch rolled, its middle design alone
     calls.clear()
     assert tables_equal(evaluate_rows(shared, designs), first) and len(calls) == 1  # this shape is verified
