@@ -307,7 +307,9 @@ def _row_log_error(params, static, chips, kt, sc, maps, conc, target, log_value)
 
 import jax  # noqa: E402
 
+from serving.compile import jit  # noqa: E402
+
 # read_metric is dozens of small array operations: run eagerly they cost more than the evaluation itself
-_predict_row = jax.jit(_metric_of, static_argnums=(1,))
-_predict_grid_metrics = jax.jit(_grid_metrics_of)
-row_log_error = jax.jit(jax.value_and_grad(_row_log_error), static_argnums=(1,))
+_predict_row = jit(_metric_of, static_argnums=(1,))
+_predict_grid_metrics = jit(_grid_metrics_of)
+row_log_error = jit(jax.value_and_grad(_row_log_error), static_argnums=(1,))

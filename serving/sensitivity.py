@@ -28,6 +28,7 @@ import numpy as np
 
 from arch_space.chip import NUMERIC_FIELDS, Chip
 from arch_space.errors import ConfigError
+from serving.compile import jit
 from serving.kernel_table import KernelTable
 from serving.perf import Mapping, ServingParams, Work, kernel_times, max_sequences, memory_code, micro_batch, \
     power_capped, step_time
@@ -114,7 +115,7 @@ def _bisect(ok, lo, hi):
     return jax.lax.fori_loop(0, _BISECTIONS, body, (lo, hi))[0]
 
 
-@jax.jit
+@jit
 def _matched(chip, kt, p, sc, m, target, hi):
     pre = prefill_terms(chip, kt, p, sc, m)  # independent of B
 
@@ -126,7 +127,7 @@ def _matched(chip, kt, p, sc, m, target, hi):
     return jnp.where(meets(one) & ~meets(hi), c, jnp.nan)
 
 
-@jax.jit
+@jit
 def _memory_limit(chip, kt, p, sc, m, hi):
     """Largest B whose weights + KV at the scenario's longest context fit (memory_code 0); NaN if B = 1 does not."""
     ctx = jnp.asarray(sc.max_context_tokens, jnp.float32)
@@ -135,7 +136,7 @@ def _memory_limit(chip, kt, p, sc, m, hi):
     return jnp.where(fits_one, jnp.minimum(cap, hi), jnp.nan)
 
 
-_point = jax.jit(evaluate_point)
+_point = jit(evaluate_point)
 
 
 def matched_concurrency(chip: Chip, kt: KernelTable, params: ServingParams, scenario: Scenario, mapping: Mapping,
@@ -162,7 +163,7 @@ def _operating_point(chip, kt, p, sc, m, target, hi):
 
 
 # ---------------------------------------------------------------------------------------------- sensitivities
-@functools.partial(jax.jit, static_argnames="metric")
+@functools.partial(jit, static_argnames="metric")
 def _slopes(chip, kt, p, sc, m, c, metric):
     """(M, I) at (chip, B = c): their derivatives in every chip figure, in every serving parameter, and in B."""
     def f(ch, pp, b):
@@ -263,7 +264,7 @@ def _split(chip, kt, p, m, w, drafts):
             "power_s": power, "total_s": t + draft_s / clock}
 
 
-@jax.jit
+@jit
 def _attribution(chip, kt, p, sc, m, concurrency):
     dec, mix, _, share = step_mix(sc, concurrency)
     decode = _split(chip, kt, p, m, dec, sc.draft_tokens)
@@ -306,7 +307,7 @@ def _rows(chip, kt, p, m, w):
     return by_dtype * kt.count[:, None], moved * kt.count, out["t"] * kt.count
 
 
-@jax.jit
+@jit
 def _kernel_points(chip, kt, p, sc, m, concurrency):
     return {"decode": _rows(chip, kt, p, m, decode_work(sc, concurrency)),
             "prefill": _rows(chip, kt, p, m, prefill_work(sc))}

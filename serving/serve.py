@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from arch_space.chip import Chip
+from serving.compile import jit
 from serving.kernel_table import KernelTable
 from serving.perf import Mapping, ServingParams, Work, memory_code, power_capped, step_time
 from serving.scenario import Scenario
@@ -166,7 +167,7 @@ def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, 
     }
 
 
-@jax.jit
+@jit
 def evaluate_grid(chips: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, mappings: Mapping, concurrency):
     """Every design x mapping x concurrency: chip leaves [N], mapping leaves [M], concurrency [C] -> [N, M, C]."""
     def per_mapping(chip, m):

@@ -26,6 +26,7 @@ import numpy as np
 from arch_space.chip import NUMERIC_FIELDS, Chip
 from arch_space.design_space import AXES, DesignSpace, chip_columns
 from arch_space.technology import Generation
+from serving.compile import jit
 from serving.serve import evaluate_point
 
 REFINE_AXES = ("sram_area_fraction", "clock_scale", "hbm_speed_scale", "power_rating_w",
@@ -114,7 +115,7 @@ def refine_designs(gen: Generation, space: DesignSpace, start: dict[str, np.ndar
     u0 = jnp.asarray(np.clip((x0 - np.asarray(lo)) / span, 0.0, 1.0), jnp.float32)
     fixed = {a: jnp.asarray(start[a], jnp.float32) for a in AXES if a not in REFINE_AXES}
     # the generation's figures are constants of the climb (closed over: a Generation is not a pytree)
-    climb = jax.jit(functools.partial(_climb, gen=gen, objective=objective, steps=int(steps or space.refine_steps)))
+    climb = jit(functools.partial(_climb, gen=gen, objective=objective, steps=int(steps or space.refine_steps)))
     u, j_end, j_start = climb(u0, fixed, lo, hi, tuple(kt), params, scenario, tuple(mappings),
                               jnp.asarray(np.asarray(concurrency).T, jnp.float32), jnp.asarray(weights.T, jnp.float32),
                               jnp.float32(target_tok_s_user), jnp.float32(step_size or space.refine_step_size))

@@ -113,7 +113,9 @@ def _verify_compiled_batch(out: dict, sub: DesignSet, shared: SharedInputs, para
     """A design's rows must not depend on the batch it is evaluated in. The jit-compiled batched evaluation once
     made them (at commit 4e1bad3 up to 66% of a design's TPOT went missing in a batch of 216 different designs, while
     each design alone, and the batch with jit disabled, gave the right figures; it took ~64 designs x 15 mappings to
-    show, whatever the concurrencies, and no XLA CPU flag tried changed it; tests/codesign/test_study_batches.py).
+    show, whatever the concurrencies; tests/codesign/test_study_batches.py). The cause was XLA:CPU's YNNPACK
+    reduce fusions, now off for every serving program (serving/compile.py); this check stays for whatever else a
+    compiler may do.
     So the first batch of each compiled shape in a process is evaluated twice more with the same compiled program
     (no compile), and every metric of every design must agree:
 
