@@ -4,8 +4,10 @@ The sweep evaluates a batch of designs in one jit-compiled, vmapped call, padded
 and a design's rows must be the ones it gets alone. The small-batch check in tests/serving/test_serve.py did not
 catch this: at commit 4e1bad3, XLA compiled the default study's 256-design batches so that up to 66% of a
 design's TPOT went missing, while the same code gave the right figures one design at a time, and gave them in
-batches too with jit disabled. Here the oracle is each design evaluated alone, against a real batch of the
-default study (every candidate of a generation, on the primary workload, at the study's batch size).
+batches too with jit disabled. The cause was XLA:CPU's YNNPACK reduce fusions, which the serving programs now compile
+without (serving/compile.py, tests/serving/test_compile.py); this test keeps checking the result, whatever the
+compiler does. Here the oracle is each design evaluated alone, against a real batch of the default study (every
+candidate of a generation, on the primary workload, at the study's batch size).
 """
 
 from __future__ import annotations
