@@ -54,7 +54,8 @@ of a wide model contract over 4096-29k, a small model's over a few hundred). ``e
 config's value (the calibration's, fitted to GPU serving results), on an accelerator an independent check of it.
 
 The attention curve (``attention_rows_half``) and the memory ramp (``memory_bytes_half``) stay as configured in
-every mode: they are the serving model's claims under test.
+every mode: they are the serving model's claims under test. ``execute`` also sweeps the model code's attention over
+the rows of one sequence and prints the device's own curve beside the config's (codesign/device_attention.py).
 """
 
 from __future__ import annotations

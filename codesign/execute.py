@@ -50,6 +50,8 @@ from omegaconf import DictConfig, OmegaConf
 from arch_space.errors import ConfigError
 from arch_space.validation import check_quantity
 from codesign.cli import CONF_DIR, entry, fail
+from codesign.device_attention import attention_sweep, fit_attention_curve
+from codesign.device_attention import describe as describe_attention
 from codesign.device_bench import MODE_TEXT, PARAM_MODES, device_chip, device_info, device_params, fit_depth_curve, \
     fit_gemm_curve, microbenchmarks, phase_rows, step_key, sweep_rows
 from codesign.device_fit import fit_device, reduce_arch
@@ -244,6 +246,10 @@ def execute(plan: Plan) -> dict:
     # timed in the same rounds as the step (below)
     fits = {"run": fit_gemm_curve(mb, plan.params, *windows["run"])}
     depth = fit_depth_curve(mb["depth_sweep"])  # the device's own depth term (phase and run modes)
+    # the device's attention curve at the largest decode step's shape: reported beside the config's, never used
+    att = attention_sweep(dtype, max(plan.batches), plan.context, plan.bench["repeats"],
+                          plan.bench.get("stat", "median"))
+    att_fit = fit_attention_curve(att, mb["matmul_flops_per_s"], mb["stream_bytes_per_s"])
     chip = device_chip(info, mb, dtype_name)
 
     def params_for(mode, step, dispatch_s=None):
@@ -306,6 +312,8 @@ def execute(plan: Plan) -> dict:
         "device": info, "microbenchmarks": mb, "gemm_fits": {k: fits[k] for k in [*windows, "run"] if k in fits},
         # the device's own depth curve (phase and run modes predict with it) beside the serving config's
         "depth_fit": depth | {"config_gemm_k_half": float(plan.params.gemm_k_half)},
+        "attention_sweep": att,
+        "attention_fit": att_fit | {"config_attention_rows_half": float(plan.params.attention_rows_half)},
         "chip": chip.to_dict(),
         "serving_params_mode": plan.params_mode, "serving_params_sources": params_for(plan.params_mode, "run")[1],
         "repeats": plan.repeats, "warmup": plan.warmup, "stat": plan.stat,
@@ -355,6 +363,8 @@ def format_table(r: dict) -> str:
                    f"{min(df['predicted_over_measured']):.2f}..{max(df['predicted_over_measured']):.2f}; the serving "
                    f"config's gemm_k_half {df['config_gemm_k_half']:.0f}"
                    + ("; the prediction's" if r["serving_params_mode"] in ("phase", "run") else "") + ")")
+    lines.append(describe_attention(r["attention_sweep"], r["attention_fit"],
+                                    r["attention_fit"]["config_attention_rows_half"]))
     lines.append(f"serving params: {r['serving_params_mode']} ({MODE_TEXT[r['serving_params_mode']]}); measured: "
                  f"{r['stat']} of {r['repeats']} runs after {r['warmup']} warm-up")
     head = ("step", "class", "measured ms", "predicted ms", "pred/meas")

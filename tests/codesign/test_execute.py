@@ -65,6 +65,14 @@ def test_execute_reports_measured_and_predicted_decode_and_prefill():
     assert sp["gemm_k_half"] == dfit["gemm_k_half"]
     assert sp["gemm_efficiency_max"] * k_ref / (k_ref + dfit["gemm_k_half"]) == pytest.approx(
         fits["decode B=2"]["gemm_efficiency_max"], rel=1e-12)
+    # the device's attention curve, swept at the largest decode step's shape and fitted, beside the config's value
+    # (reported only: every mode predicts attention with the config's curve)
+    att, afit = out["attention_sweep"], out["attention_fit"]
+    assert att["batch"] == 2 and att["context"] == 64 and len(att["seconds"]) == len(att["rows"]) >= 5
+    assert len(afit["predicted_over_measured"]) == len(afit["share_of_matmul_rate"]) == len(att["rows"])
+    assert 0 < afit["attention_efficiency_max"] <= 1.5 and afit["attention_rows_half"] >= 0
+    assert afit["config_attention_rows_half"] == 16.0
+    assert all(s["serving_params"]["attention_rows_half"] == 16.0 for s in out["steps"])
     for s in out["steps"]:  # the step's own call overhead, no less than a scalar call's, priced as its overhead
         assert out["microbenchmarks"]["dispatch_s"] <= s["serving_params"]["step_overhead_s"] < s["measured_s"]
         assert s["serving_params"]["step_overhead_s"] == max(s["dispatch_s"], out["microbenchmarks"]["dispatch_s"])
