@@ -38,6 +38,11 @@ mb = r["microbenchmarks"]
 print(f"{r['workload']} ({r['layers']} of {r['model_layers']} layers, {r['exec_dtype']}) on {r['device']['device_kind']}: "
       f"matmul {mb['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s, stream {mb['stream_bytes_per_s'] / 1e12:.2f} TB/s, "
       f"GEMM depth k_half {r['depth_fit']['gemm_k_half']:.0f} (the calibration's NVIDIA set: {nvidia_k_half:.0f})")
+a, af = r["attention_sweep"], r["attention_fit"]
+print(f"  attention sweep (the model code through XLA, B={a['batch']}, {a['context']} keys): share of the matmul rate "
+      + ", ".join(f"g={g} {x * 100:.1f}%" for g, x in zip(a["rows"], af["share_of_matmul_rate"]))
+      + f"; fit e_max {af['attention_efficiency_max']:.2f}, rows_half {af['attention_rows_half']:.1f} "
+        f"(config {af['config_attention_rows_half']:.0f})")
 for s in r["steps"]:
     label = f"decode B={s['batch']}" if s["phase"] == "decode" else f"prefill T={s['tokens']}"
     print(f"  {label}: measured {s['measured_s'] * 1e3:.3f} ms, predicted {s['predicted_s'] * 1e3:.3f} ms, "

@@ -33,3 +33,4 @@ def test_device_check_runs_every_workload_and_reports_measured_and_predicted(tmp
         for s in out["steps"]:
             assert math.isfinite(s["ratio"]) and s["measured_s"] > 0 and s["predicted_s"] > 0
         assert f"{name} (" in proc.stdout  # the summary line of each workload
+    assert proc.stdout.count("attention sweep (the model code through XLA") == 3  # the device's attention curve
