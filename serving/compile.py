@@ -13,9 +13,9 @@ So every program of the serving model is compiled on the CPU with YNN fusions of
 emitters). That is also faster: ``python -m codesign.bench suite=serving`` (10,000 Gen 2 designs x 15 mappings x 11
 concurrencies in one batch) evaluates 3.4-3.7M points/s with them off against 0.98-1.08M with them on (two runs each,
 alternating, 2026-12-07, this 2-core VM); the default study's results are identical and its time unchanged (57 s,
-dominated by compiling and reporting). Other backends, and a jaxlib that no longer knows the option, compile as plain ``jax.jit``: the batch
-check in ``sweeps/runner.py`` stays either way. The device benchmarks of ``codesign.execute`` keep plain ``jax.jit``:
-they measure what the device does by default.
+dominated by compiling and reporting). Other backends, and a jaxlib that no longer knows the option, compile as
+plain ``jax.jit``: the batch check in ``sweeps/runner.py`` stays either way. The device benchmarks of
+``codesign.execute`` keep plain ``jax.jit``: they measure what the device does by default.
 """
 
 from __future__ import annotations
