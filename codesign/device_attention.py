@@ -60,9 +60,11 @@ def fit_attention_curve(sweep: dict, rate_flops_per_s: float, bandwidth_bytes_pe
     flops = np.asarray(sweep["flops"], np.float64)
     t_mem = sweep["kv_bytes"] / bandwidth_bytes_per_s
 
-    def best(e, h):  # the grid point of least squared log error: (error, e_max, rows_half)
-        model = np.maximum(flops / (rate_flops_per_s * e[:, None, None]) * (1.0 + h[None, :, None] / g), t_mem)
-        err = np.sum((np.log(model) - np.log(t)) ** 2, axis=2)
+    def curve(e, h):  # the serving model's attention time at each group size
+        return np.maximum(flops / (rate_flops_per_s * e) * (1.0 + h / g), t_mem)
+
+    def best(e, h):  # the grid point (e_max, rows_half) of least squared log error
+        err = np.sum((np.log(curve(e[:, None, None], h[None, :, None])) - np.log(t)) ** 2, axis=2)
         i, j = np.unravel_index(int(np.argmin(err)), err.shape)
         return e[i], h[j]
 
@@ -70,14 +72,14 @@ def fit_attention_curve(sweep: dict, rate_flops_per_s: float, bandwidth_bytes_pe
     e0, h0 = best(np.logspace(-4, np.log10(1.5), 241), np.concatenate([[0.0], np.logspace(-1, 4, 201)]))
     fine = np.logspace(-0.06, 0.06, 121)
     e1, h1 = best(e0 * fine, np.concatenate([[0.0], max(h0, 0.1) * fine]) if h0 < 0.2 else h0 * fine)
-    model = np.maximum(flops / (rate_flops_per_s * e1) * (1.0 + h1 / g), t_mem)
+    model = curve(e1, h1)
     return {"attention_efficiency_max": float(e1), "attention_rows_half": float(h1),
             "predicted_over_measured": [float(x) for x in model / t],
             "share_of_matmul_rate": [float(x) for x in flops / t / rate_flops_per_s]}
 
 
-def describe(sweep: dict, fit: dict, config_rows_half: float) -> str:
-    """One line for ``execute``'s table."""
+def describe(sweep: dict, fit: dict) -> str:
+    """One line for ``execute``'s table (``fit`` as ``execute`` reports it, with ``config_attention_rows_half``)."""
     pts = ", ".join(f"{r} {s * 1e3:.2f} ms ({share * 100:.1f}%)"
                     for r, s, share in zip(sweep["rows"], sweep["seconds"], fit["share_of_matmul_rate"]))
     ratios = fit["predicted_over_measured"]
@@ -85,7 +87,7 @@ def describe(sweep: dict, fit: dict, config_rows_half: float) -> str:
             f"{sweep['context']} keys (the model code's attention): g = {pts} of the matmul rate; e_max x g / "
             f"(g + rows_half) fits e_max {fit['attention_efficiency_max']:.3f}, rows_half "
             f"{fit['attention_rows_half']:.1f} (pred/meas {min(ratios):.2f}..{max(ratios):.2f}; the serving "
-            f"config's attention_rows_half {config_rows_half:.0f}, kept: attention is the claim under test)")
+            f"config's attention_rows_half {fit['config_attention_rows_half']:.0f}, kept: attention is the claim under test)")
 
 
 __all__ = ["GROUPS", "attention_sweep", "describe", "fit_attention_curve"]

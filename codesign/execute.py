@@ -363,8 +363,7 @@ def format_table(r: dict) -> str:
                    f"{min(df['predicted_over_measured']):.2f}..{max(df['predicted_over_measured']):.2f}; the serving "
                    f"config's gemm_k_half {df['config_gemm_k_half']:.0f}"
                    + ("; the prediction's" if r["serving_params_mode"] in ("phase", "run") else "") + ")")
-    lines.append(describe_attention(r["attention_sweep"], r["attention_fit"],
-                                    r["attention_fit"]["config_attention_rows_half"]))
+    lines.append(describe_attention(r["attention_sweep"], r["attention_fit"]))
     lines.append(f"serving params: {r['serving_params_mode']} ({MODE_TEXT[r['serving_params_mode']]}); measured: "
                  f"{r['stat']} of {r['repeats']} runs after {r['warmup']} warm-up")
     head = ("step", "class", "measured ms", "predicted ms", "pred/meas")

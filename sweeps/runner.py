@@ -104,6 +104,13 @@ def _padded(chips: Chip, n: int, pad_to: int) -> Chip:
     return Chip(**{f: np.asarray(getattr(chips, f))[idx] for f in NUMERIC_FIELDS}, name=chips.name)
 
 
+def _evaluate(shared: SharedInputs, params, chips: Chip, n: int, pad: int) -> dict:
+    """The n designs' metrics [n, mappings, concurrencies], evaluated padded to ``pad`` (one compiled shape)."""
+    out = evaluate_grid(_padded(chips, n, pad), shared.kernels, params, shared.scenario_spec, shared.mappings,
+                        shared.concurrency)
+    return {k: np.asarray(v)[:n] for k, v in out.items()}
+
+
 # (workload, precision, scenario, padded batch, mappings, concurrencies): the compiled shapes whose batched evaluation
 # this process has checked against a design evaluated alone (_verify_compiled_batch); the parameters are traced
 _VERIFIED: set = set()
@@ -132,16 +139,11 @@ def _verify_compiled_batch(out: dict, sub: DesignSet, shared: SharedInputs, para
            len(shared.concurrency))
     if n < 2 or key in _VERIFIED:
         return
-
-    def again(chips, m):  # the batch's own padded shape: the compiled program is reused, not compiled again
-        res = evaluate_grid(_padded(chips, m, max(pad, m)), shared.kernels, params, shared.scenario_spec,
-                            shared.mappings, shared.concurrency)
-        return {k: np.asarray(v)[:m] for k, v in res.items()}
-
+    # at the batch's own padded shape: the compiled program is reused, not compiled again
     roll = np.roll(np.arange(n), n // 2)  # position p holds design roll[p]: none stays where it was
-    rolled = again(sub.take(roll).chips, n)
+    rolled = _evaluate(shared, params, sub.take(roll).chips, n, pad)
     i = n // 2
-    alone = again(sub.take([i]).chips, 1)
+    alone = _evaluate(shared, params, sub.take([i]).chips, 1, pad)
     for how, idx, got in (("at another position of the batch", roll, rolled), ("alone", [i], alone)):
         for k in METRICS:
             a, b = out[k][idx], got[k]
@@ -167,9 +169,7 @@ def evaluate_rows(shared: SharedInputs, ds: DesignSet) -> pa.Table:
         sub = ds.take(ok)
         pad = _bucket(len(ok), shared.pad_to) if shared.pad_to else 0
         params = dict(shared.families).get(family_of(ds.vendor), shared.params)
-        out = evaluate_grid(_padded(sub.chips, len(ok), pad), shared.kernels, params,
-                            shared.scenario_spec, mp, shared.concurrency)
-        out = {k: np.asarray(v)[:len(ok)] for k, v in out.items()}
+        out = _evaluate(shared, params, sub.chips, len(ok), pad)
         _verify_compiled_batch(out, sub, shared, params, pad)
         n_rows = len(ok) * m * c
         code = out["infeasible_code"].reshape(n_rows)
