@@ -37,7 +37,8 @@ from sweeps.store import atomic_write_text
 PROG = "codesign.calibrate"
 KEYS = ("serving", "reference", "output", "fit", "iterations", "learning_rate", "families", "family_penalty",
         "prior_weight", "cv", "cv_output")
-CV_GROUPS = ("model", "hardware", "metric")  # leave-one-group-out: unseen models, unseen chips, unseen metrics
+# leave-one-group-out: unseen models, chips, metrics, or setups (model x chip x precision x metric: RowSpec.setup)
+CV_GROUPS = ("model", "hardware", "metric", "setup")
 DEFAULT_FIT = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
                "memory_efficiency_max", "gemm_rows_half", "gemm_k_half", "moe_rows_half", "kernel_overhead_s",
                "collective_overhead_s", "step_overhead_s", "link_efficiency", "comm_overlap")
@@ -161,11 +162,11 @@ def fit_families(predictor: Predictor, specs, base: ServingParams, fields, itera
 
 
 def cross_validate(predictor: Predictor, rows, specs, by: str, fit_rows, log=print) -> list[dict]:
-    """Leave-one-group-out cross-validation: for every value g of ``by`` (a model, a chip or a metric), fit with
-    ``fit_rows(specs) -> params`` on the rows whose ``by`` is not g and predict the rows whose ``by`` is g with
-    those parameters. Returns validate's records with a ``fold`` column: every row predicted by a fit that never saw
-    its group (its model, its chip, or its metric), the honest estimate of how the calibration carries to
-    measurements it was not fitted on. A held-out chip whose vendor family has no other rows is predicted with the
+    """Leave-one-group-out cross-validation: for every value g of ``by`` (a model, a chip, a metric or a setup:
+    RowSpec.setup), fit with ``fit_rows(specs) -> params`` on the rows whose ``by`` is not g and predict the rows
+    whose ``by`` is g with those parameters. Returns validate's records with a ``fold`` column: every row predicted
+    by a fit that never saw its group (its model, its chip, its metric or its setup), the honest estimate of how the
+    calibration carries to measurements it was not fitted on. A held-out chip whose vendor family has no other rows is predicted with the
     shared set, exactly as an unmeasured chip or a candidate design is."""
     from codesign.validate import validate_rows
 

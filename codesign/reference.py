@@ -36,6 +36,14 @@ class RowSpec:
     value: float | None
     power_basis: str = "rating"  # peak_total_tput_per_kw: "rating" (chip TDP) or "allin" (InferenceX all-in kW)
 
+    @property
+    def setup(self) -> str:
+        """The measured configuration the row belongs to: its model, chip, precision and metric. Rows of one setup
+        differ only in lengths, chips, mapping or interactivity target (one benchmark sweep of one deployment), so
+        leaving a setup out (``calibrate cv=setup``) predicts a deployment the fit never saw while every other one,
+        of the same kinds, stays in: a published result of a configuration not in the file."""
+        return f"{self.model}/{self.hardware}/{self.precision}/{self.metric}"
+
 
 def _int(row, key, where, *, required=True):
     raw = (row.get(key) or "").strip()

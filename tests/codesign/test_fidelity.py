@@ -221,8 +221,34 @@ def test_cross_validation_predicts_each_row_once_with_a_fit_that_never_saw_its_g
         assert float(r["predicted"]) == pytest.approx(want, rel=1e-5)
 
 
+def test_leave_one_setup_out_holds_out_one_deployment_and_keeps_its_siblings(tmp_path):
+    """A setup is model x chip x precision x metric: rows differing only in lengths or chips share a fold, and a
+    row of the same chip at another precision, or of the same model on another chip, stays in that fold's fit."""
+    from codesign.calibrate import cross_validate
+
+    rows = [row(0), row(1, isl="8192"), row(2, precision="bf16"), row(3, hardware="b200", precision="fp4"),
+            row(4, hardware="b200", precision="fp4", isl="8192", chips="2", mapping="tp2")]
+    path = write_rows(tmp_path / "rows.csv", rows)
+    predictor = Predictor(CONF_DIR)
+    raw, specs = read_reference(path, predictor.models, predictor.hardware)
+    base = ServingParams.from_dict(load_yaml("serving/default.yaml"))
+    seen = []
+
+    def fake_fit(train):
+        seen.append(sorted(s.row_id for s in train))
+        return base
+
+    records = cross_validate(predictor, raw, specs, "setup", fake_fit, log=lambda *_: None)
+    metric = "max_output_tput_per_chip"
+    want_folds = [f"setup=llama3_8b/h100_sxm/fp8/{metric}"] * 2 + [f"setup=llama3_8b/h100_sxm/bf16/{metric}"] \
+        + [f"setup=llama3_8b/b200/fp4/{metric}"] * 2
+    assert [r["fold"] for r in records] == want_folds
+    # folds in sorted order: b200/fp4, h100_sxm/bf16, h100_sxm/fp8; each fit saw every row but its own setup's
+    assert seen == [["syn-0", "syn-1", "syn-2"], ["syn-0", "syn-1", "syn-3", "syn-4"], ["syn-2", "syn-3", "syn-4"]]
+
+
 @pytest.mark.parametrize("override, expect", [
-    ("cv=chips", "cv: expected null or one of model, hardware, metric, got 'chips'"),
+    ("cv=chips", "cv: expected null or one of model, hardware, metric, setup, got 'chips'"),
     ("cv=model", "cv: the reference file has one model only: nothing to hold out"),
     ("prior_weight=-0.1", "prior_weight: must be >= 0, got -0.1"),
 ])
