@@ -166,8 +166,8 @@ def cross_validate(predictor: Predictor, rows, specs, by: str, fit_rows, log=pri
     RowSpec.setup), fit with ``fit_rows(specs) -> params`` on the rows whose ``by`` is not g and predict the rows
     whose ``by`` is g with those parameters. Returns validate's records with a ``fold`` column: every row predicted
     by a fit that never saw its group (its model, its chip, its metric or its setup), the honest estimate of how the
-    calibration carries to measurements it was not fitted on. A held-out chip whose vendor family has no other rows is predicted with the
-    shared set, exactly as an unmeasured chip or a candidate design is."""
+    calibration carries to measurements it was not fitted on. A held-out chip whose vendor family has no other rows
+    is predicted with the shared set, exactly as an unmeasured chip or a candidate design is."""
     from codesign.validate import validate_rows
 
     out: list = [None] * len(specs)

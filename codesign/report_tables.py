@@ -288,7 +288,7 @@ def assumptions(meta: dict) -> list[list[str]]:
                     "chips of vendors without a fitted set (candidates, Gen 1, other unmeasured vendors) use "
                     + (f"the {unmeasured} family's fitted set" if unmeasured else "the shared set (the serving.* "
                                                                                    "rows above)")
-                    + ": how mature their software will be is an assumption (README)"])
+                    + ": how mature their software will be is an assumption (docs/fidelity.md)"])
     for fam, values in sorted(families.items()):
         for k, v in (values or {}).items():
             out.append([f"serving.families.{fam}.{k}", _fmt(v), "fitted" if k in fitted else "assumed",
@@ -335,7 +335,7 @@ def overhead_note(meta: dict, target: float) -> str | None:
             + ": per-kernel launch and per-step host work (serving.kernel_overhead_s, serving.step_overhead_s) are "
               "fitted on GPU software and assumed for chips without measurements, so absolute figures and ratios "
               f"against competitors there rest on them more than on the hardware; rerun with {knob} to see how far "
-              "(README).")
+              "(docs/fidelity.md).")
 
 
 def report_notes(rec: Recommendation, meta: dict, figure_notes: list[str]) -> list[str]:

@@ -3,11 +3,11 @@
 XLA:CPU (jaxlib 0.10.2) hands some reductions to YNNPACK as library fusions (``__ynn_fusion`` in the optimised HLO,
 made by the ``dot-library-rewriter`` pass; ``xla_cpu_experimental_ynn_fusion_type``'s ``reduce`` and ``eltwise``
 kinds). At commit 4e1bad3 those fusions gave rows of the sweep's vmapped batch other rows' values: up to 66% of a
-design's TPOT went missing (README, "Batched evaluation was miscompiled"). Root-caused 2026-12-07 on the exported
-program of that commit (``tests/serving/fixtures/ynn_miscompile/``, which holds a stand-alone repro for an upstream
-report): disabling the ``dot-library-rewriter`` pass, or the YNN fusions alone, or the ``algsimp`` pass (which
-shapes what reaches them) makes it right, and no other of ~20 passes tried does; the ``reduce`` or ``eltwise`` kind
-alone still breaks it, the dot kinds alone do not.
+design's TPOT went missing (docs/fidelity.md, "Batched evaluation was miscompiled"). Root-caused 2026-12-07 on
+the exported program of that commit (``tests/serving/fixtures/ynn_miscompile/``, which holds a stand-alone repro
+for an upstream report): disabling the ``dot-library-rewriter`` pass, or the YNN fusions alone, or the ``algsimp``
+pass (which shapes what reaches them) makes it right, and no other of ~20 passes tried does; the ``reduce`` or
+``eltwise`` kind alone still breaks it, the dot kinds alone do not.
 
 So every program of the serving model is compiled on the CPU with YNN fusions off (the option empty: XLA's own loop
 emitters). That is also faster: ``python -m codesign.bench suite=serving`` (10,000 Gen 2 designs x 15 mappings x 11

@@ -29,18 +29,18 @@ at small batch; swap-AB and DeepGEMM's masked low-latency kernels) that stream t
 below ~floor rows the compute shrinks with the rows and the weight reads (the memory term) bound the kernel.
 ``moe_rows_floor`` = 16 is that smallest tile (an assumption, not fitted: no calibration row has < 5 rows per
 expert). Adding it moved the refit's median |error| 10.8% -> 8.0% and leave-one-model-out 32.3% -> 27.5% (the
-calibration of 2026-12-04; the README has the current figures). The fixed cost is compute at the kernel's math
+calibration of 2026-12-04; docs/fidelity.md has the current figures). The fixed cost is compute at the kernel's math
 rate: charged as streams of the expert's weights instead it fitted the file better in sample but predicted held-out
 models worse (gpt-oss-20b's Hopper W4A16 rows, BF16 math, +19..+60% from the other models' MoE rows, FP4 / FP8
-math; README, 2026-12-06).
+math; docs/fidelity.md, 2026-12-06).
 
 GEMM and grouped-expert kernels also lose efficiency with a shallow contraction: eff x K / (K + k_half) with K the
 kernel's FLOP-weighted (harmonic) mean contraction depth per chip. A tiled GEMM pays each output tile's pipeline
 fill and epilogue (loading the first K-slabs, converting and writing the accumulator) once, however deep its K loop
 runs, so at a fixed row count a shallow K reaches a smaller share of peak; tensor parallelism makes it shallower for
-the row-parallel layers (o_proj, down projections: K / tp per chip). Fitted (``gemm_k_half``, README): without it
-the calibration over-predicted the shallow-K model (Qwen3-30B-A3B, 2048 wide with 768-wide experts) and some of
-Llama 3 70B's tp8 rows.
+the row-parallel layers (o_proj, down projections: K / tp per chip). Fitted (``gemm_k_half``, docs/fidelity.md):
+without it the calibration over-predicted the shallow-K model (Qwen3-30B-A3B, 2048 wide with 768-wide experts) and
+some of Llama 3 70B's tp8 rows.
 
 A step adds its collectives (ring / tree all-reduce, all-to-all, p2p; ``serving/collectives.py``), overlapped with
 compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit in on-chip SRAM stream from it

@@ -50,8 +50,8 @@ RESOURCES = (
 )
 # (serving parameter, label) of what the design's software rather than its silicon sets, reported per -10% (less
 # overhead pays): a decode step at an interactivity target can be mostly fixed launch and host overhead (DeepSeek-R1
-# at 100 tok/s/user: 58-69% of the step in the default study, README), and then a leaner runtime (graph capture,
-# fused or persistent kernels) pays more than any resource above
+# at 100 tok/s/user: 58-69% of the step in the default study, docs/fidelity.md), and then a leaner runtime (graph
+# capture, fused or persistent kernels) pays more than any resource above
 SOFTWARE = (("kernel_overhead_s", "per-kernel overhead (-10%)"),)
 SOFTWARE_PREFIX = "serving."  # a software row's ``resource`` is serving.<parameter>
 # Upper end of the concurrency search: the model is defined at any B and memory feasibility is judged separately,

@@ -151,8 +151,8 @@ def _verify_compiled_batch(out: dict, sub: DesignSet, shared: SharedInputs, para
                 j = np.unravel_index(np.argmax(np.abs(np.nan_to_num(a - b))), a.shape)
                 raise RuntimeError(f"sweeps: design {sub.design_id[idx[j[0]]]} ({shared.workload}) gets {k} "
                                    f"{a[j]:.6g} in a batch of {n} designs but {b[j]:.6g} {how}: the compiled batch "
-                                   f"evaluation is wrong (as at commit 4e1bad3, README); no rows were stored. Try "
-                                   f"another sweep.batch_size and report it")
+                                   f"evaluation is wrong (as at commit 4e1bad3, docs/fidelity.md); no rows were "
+                                   f"stored. Try another sweep.batch_size and report it")
     _VERIFIED.add(key)
 
 

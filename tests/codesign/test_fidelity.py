@@ -192,6 +192,14 @@ def test_validate_writes_every_row_and_reproduces_the_calibration_file_errors(tm
             assert float(got[rid]["error_pct"]) == pytest.approx(float(err), abs=0.02)
 
 
+def _cv_inputs(tmp_path, rows):
+    """(predictor, raw rows, specs, the default serving parameters) of a small reference file, for the CV tests."""
+    path = write_rows(tmp_path / "rows.csv", rows)
+    predictor = Predictor(CONF_DIR)
+    raw, specs = read_reference(path, predictor.models, predictor.hardware)
+    return predictor, raw, specs, ServingParams.from_dict(load_yaml("serving/default.yaml"))
+
+
 def test_cross_validation_predicts_each_row_once_with_a_fit_that_never_saw_its_group(tmp_path):
     """The fit of each fold receives no row of the held-out group, and every row is predicted exactly once, by the
     parameters of its own fold (the stand-in fit marks its parameters with the groups it saw)."""
@@ -199,10 +207,7 @@ def test_cross_validation_predicts_each_row_once_with_a_fit_that_never_saw_its_g
 
     rows = [row(0), row(1, isl="8192"), row(2, hardware="h200_sxm"), row(3, hardware="b200", precision="fp4"),
             row(4, hardware="b200", precision="fp4", isl="8192")]
-    path = write_rows(tmp_path / "rows.csv", rows)
-    predictor = Predictor(CONF_DIR)
-    raw, specs = read_reference(path, predictor.models, predictor.hardware)
-    base = ServingParams.from_dict(load_yaml("serving/default.yaml"))
+    predictor, raw, specs, base = _cv_inputs(tmp_path, rows)
     seen = []
 
     def fake_fit(train):
@@ -228,10 +233,7 @@ def test_leave_one_setup_out_holds_out_one_deployment_and_keeps_its_siblings(tmp
 
     rows = [row(0), row(1, isl="8192"), row(2, precision="bf16"), row(3, hardware="b200", precision="fp4"),
             row(4, hardware="b200", precision="fp4", isl="8192", chips="2", mapping="tp2")]
-    path = write_rows(tmp_path / "rows.csv", rows)
-    predictor = Predictor(CONF_DIR)
-    raw, specs = read_reference(path, predictor.models, predictor.hardware)
-    base = ServingParams.from_dict(load_yaml("serving/default.yaml"))
+    predictor, raw, specs, base = _cv_inputs(tmp_path, rows)
     seen = []
 
     def fake_fit(train):
