@@ -128,6 +128,31 @@ def read_metric(spec: RowSpec, out: dict, target=None):
     return jnp.max(vals), i, js[i]
 
 
+def read_interactivity_at(out: dict, value):
+    """The frontier read the other way: the best interactivity (tok/s/user) at which any of the row's mappings
+    delivers ``value`` total tokens/s per chip, interpolated along concurrency as :func:`read_metric` does; -inf where
+    no feasible point delivers it. For an interactivity row this is the error at matched throughput: near a
+    deployment's interactivity ceiling the frontier is steep, so a few percent of TPOT there is tens of percent of
+    throughput at the row's target, and the two errors together say which is which."""
+    feas = out["infeasible_code"] == 0
+    x, y = out["interactivity_tok_s_user"], out["total_tok_s_per_chip"]
+
+    def at(a, idx):
+        return jnp.take_along_axis(a, idx[:, None], axis=1)[:, 0]
+
+    # throughput rises with concurrency and interactivity falls: the first point delivering the value is the
+    # fastest one that does, and the segment before it crosses the value
+    ok = feas & (y >= value)
+    j = jnp.argmax(ok, axis=1)
+    j0 = jnp.maximum(j - 1, 0)
+    x0, x1, y0, y1 = at(x, j0), at(x, j), at(y, j0), at(y, j)
+    crossing = (j > 0) & at(feas, j0)
+    t = jnp.clip((value - y0) / jnp.maximum(y1 - y0, 1e-12), 0.0, 1.0)
+    # j = 0: even the lowest concurrency delivers the value, so its interactivity is the most this mapping shows
+    x_at = jnp.where(crossing, x0 + t * (x1 - x0), x1)
+    return jnp.max(jnp.where(jnp.any(ok, axis=1), x_at, -jnp.inf))
+
+
 class Predictor:
     """Caches presets, kernel tables and scenarios so predictions (and their gradients) reuse traces."""
 
@@ -192,10 +217,24 @@ class Predictor:
         else:
             # every grid metric in one program (per scenario kind and size bucket): a file mixing the closed-loop
             # metrics compiles once, not once per metric (compiles are most of a diverse file's time)
-            values, idx, used = _predict_grid_metrics(params, *args)
+            values, idx, used, _ = _predict_grid_metrics(params, *args, np.float32(spec.value or 0.0))
             k = GRID_READS.index((spec.metric, spec.power_basis))
             value, i, c = values[k], idx[k], used[k]
         return value, mapping_name(maps[int(i)]), int(c)
+
+    def interactivity_at_value(self, spec: RowSpec, params) -> float:
+        """For a ``total_tput_per_chip_at_interactivity`` row with a measured value: the best interactivity at
+        which the model delivers that throughput (:func:`read_interactivity_at`; NaN where it never does). Read
+        from the program :meth:`predict` compiled, so it costs one more evaluation of the row's grid."""
+        from serving.perf import ParamSet
+
+        if spec.metric != "total_tput_per_chip_at_interactivity" or spec.value is None:
+            raise ValueError(f"row {spec.row_id}: no measured throughput at an interactivity to read back")
+        if isinstance(params, ParamSet):
+            params = params.for_vendor(self.vendor(spec))
+        _, args, _, _ = self._row_args(spec)
+        x = float(_predict_grid_metrics(params, *args, np.float32(spec.value))[3])
+        return x if math.isfinite(x) else math.nan
 
     def why_not(self, spec: RowSpec, params) -> str:
         """Why the row has no prediction: the most common infeasibility over its mappings and concurrencies, or,
@@ -288,16 +327,17 @@ GRID_READS = tuple((m, "rating") for m in ("total_tput_per_chip_at_interactivity
                    ) + (("peak_total_tput_per_kw", "allin"),)
 
 
-def _grid_metrics_of(params, chips, kt, sc, maps, conc, target):
+def _grid_metrics_of(params, chips, kt, sc, maps, conc, target, value):
     """Every metric read from the grid alone (all but max_output_tput_per_chip, which adds the KV-fill batch):
-    (values, mapping indices, concurrencies used), each in GRID_READS order (metric, kW basis)."""
+    (values, mapping indices, concurrencies used), each in GRID_READS order (metric, kW basis), and the
+    interactivity at which the grid delivers ``value`` total tokens/s per chip (:func:`read_interactivity_at`)."""
     from types import SimpleNamespace
 
     out, used = _grid(params, chips, kt, sc, maps, conc)
     read = [read_metric(SimpleNamespace(metric=m, interactivity=None, power_basis=b), out, target)
             for m, b in GRID_READS]
     return (jnp.stack([v for v, _, _ in read]), jnp.stack([i for _, i, _ in read]),
-            jnp.stack([used[i, j] for _, i, j in read]))
+            jnp.stack([used[i, j] for _, i, j in read]), read_interactivity_at(out, value))
 
 
 def _row_log_error(params, static, chips, kt, sc, maps, conc, target, log_value):
