@@ -187,8 +187,11 @@ def cv_summary(records: list[dict]) -> str:
 
     folds = sorted({r["fold"] for r in records})
     lines = [f"  held out {f:<44s} {error_stats([r for r in records if r['fold'] == f])}" for f in folds]
-    return "\n".join(["out-of-fold errors (each row predicted by a fit that never saw its group):", *lines,
-                      f"  all rows{' ' * 46}{error_stats(records)}"])
+    lines.append(f"  all rows{' ' * 46}{error_stats(records)}")
+    if any(r["interactivity_error_pct"] for r in records):  # rows at an interactivity, read at matched throughput
+        lines.append(f"  interactivity at the measured throughput{' ' * 14}"
+                     f"{error_stats(records, 'interactivity_error_pct')}")
+    return "\n".join(["out-of-fold errors (each row predicted by a fit that never saw its group):", *lines])
 
 
 def _validate(cfg: dict, overridden=()):

@@ -85,3 +85,18 @@ def test_validate_reports_the_interactivity_error_with_the_sign_of_the_throughpu
     assert never["interactivity_at_value"] == "" and never["interactivity_error_pct"] == ""
     assert never["predicted"]  # its throughput at the target is still predicted; only the inverse has no point
     assert offline["interactivity_at_value"] == "" and offline["interactivity_error_pct"] == ""
+
+
+def test_the_cross_validation_summary_adds_the_interactivity_error_when_rows_have_one():
+    from codesign.calibrate import cv_summary
+
+    def rec(fold, err, inter=""):
+        return dict(fold=fold, error_pct=str(err), interactivity_error_pct=inter)
+
+    records = [rec("setup=a", 40, "-4"), rec("setup=a", -10, "2"), rec("setup=b", 5), rec("setup=b", 1, "30")]
+    lines = cv_summary(records).splitlines()
+    assert "median |error|  25.0%" in lines[1] and "(2 rows)" in lines[1]  # fold a: |40|, |-10|
+    assert "median |error|   7.5%" in lines[-2] and "(4 rows)" in lines[-2]  # all: 1, 5, 10, 40
+    assert lines[-1].lstrip().startswith("interactivity at the measured throughput")
+    assert "median |error|   4.0%" in lines[-1] and "(3 rows)" in lines[-1]  # 2, 4, 30
+    assert "interactivity" not in cv_summary([rec("setup=a", 3), rec("setup=b", 4)])
