@@ -203,6 +203,12 @@ class Predictor:
     def predict(self, spec: RowSpec, params):
         """(value, mapping name, concurrency) for the row under serving parameters ``params`` (a ServingParams, or
         a ParamSet: the set of the row's chip's vendor family)."""
+        return self.predict_row(spec, params)[:3]
+
+    def predict_row(self, spec: RowSpec, params):
+        """:meth:`predict`'s (value, mapping name, concurrency) and, for a ``total_tput_per_chip_at_interactivity``
+        row with a measured value, the best interactivity at which the model delivers that throughput
+        (:func:`read_interactivity_at`; NaN where it never does, and for every other row), from one evaluation."""
         from serving.mappings import mapping_name
         from serving.perf import ParamSet
 
@@ -212,29 +218,19 @@ class Predictor:
         if isinstance(params, ParamSet):
             params = params.for_vendor(self.vendor(spec))
         static, args, maps, sc = self._row_args(spec)
+        x_at = math.nan
         if spec.metric == "max_output_tput_per_chip":
             value, i, c = _predict_row(params, static, *args)  # one program per scenario kind and size bucket
         else:
             # every grid metric in one program (per scenario kind and size bucket): a file mixing the closed-loop
             # metrics compiles once, not once per metric (compiles are most of a diverse file's time)
-            values, idx, used, _ = _predict_grid_metrics(params, *args, np.float32(spec.value or 0.0))
+            values, idx, used, x = _predict_grid_metrics(params, *args, np.float32(spec.value or 0.0))
             k = GRID_READS.index((spec.metric, spec.power_basis))
             value, i, c = values[k], idx[k], used[k]
-        return value, mapping_name(maps[int(i)]), int(c)
-
-    def interactivity_at_value(self, spec: RowSpec, params) -> float:
-        """For a ``total_tput_per_chip_at_interactivity`` row with a measured value: the best interactivity at
-        which the model delivers that throughput (:func:`read_interactivity_at`; NaN where it never does). Read
-        from the program :meth:`predict` compiled, so it costs one more evaluation of the row's grid."""
-        from serving.perf import ParamSet
-
-        if spec.metric != "total_tput_per_chip_at_interactivity" or spec.value is None:
-            raise ValueError(f"row {spec.row_id}: no measured throughput at an interactivity to read back")
-        if isinstance(params, ParamSet):
-            params = params.for_vendor(self.vendor(spec))
-        _, args, _, _ = self._row_args(spec)
-        x = float(_predict_grid_metrics(params, *args, np.float32(spec.value))[3])
-        return x if math.isfinite(x) else math.nan
+            if spec.metric == "total_tput_per_chip_at_interactivity" and spec.value is not None \
+                    and math.isfinite(float(x)):
+                x_at = float(x)
+        return value, mapping_name(maps[int(i)]), int(c), x_at
 
     def why_not(self, spec: RowSpec, params) -> str:
         """Why the row has no prediction: the most common infeasibility over its mappings and concurrencies, or,

@@ -7,8 +7,8 @@ setting (``codesign/fidelity.py``). OUT.csv has every input column plus ``predic
 ``interactivity_at_value`` and ``interactivity_error_pct`` (the interactivity at which the model delivers the
 measured throughput, and its error against the row's: the error at matched throughput, which stays small near a
 ceiling where the throughput error does not), and ``reason`` where a row cannot be predicted (``predicted`` is then
-empty). The summary gives the rows predicted, the median and 90th-percentile
-absolute error and the worst rows. A malformed file fails with one line naming the row and the field.
+empty). The summary gives the rows predicted, the median and 90th-percentile absolute error and the worst rows. A
+malformed file fails with one line naming the row and the field.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def validate_rows(predictor: Predictor, params, rows, specs) -> list[dict]:
     for row, spec in zip(rows, specs):
         rec = {c: row.get(c, "") for c in COLUMNS} | {k: "" for k in OUT_COLUMNS[len(COLUMNS):]}
         try:
-            value, mapping, conc = predictor.predict(spec, params)
+            value, mapping, conc, x_at = predictor.predict_row(spec, params)
             value = float(value)
         except ConfigError as err:
             rec["reason"] = err.detail
@@ -81,12 +81,9 @@ def validate_rows(predictor: Predictor, params, rows, specs) -> list[dict]:
             rec["mapping_used"], rec["concurrency_used"] = mapping, str(conc)
             if spec.value is not None:
                 rec["error_pct"] = f"{(value - spec.value) / spec.value * 100:.2f}"
-        if spec.metric == AT_INTERACTIVITY and spec.value is not None:
-            # also when the target is out of the model's reach: how far short it falls at the measured throughput
-            x = predictor.interactivity_at_value(spec, params)
-            if math.isfinite(x):
-                rec["interactivity_at_value"] = f"{x:.6g}"
-                rec["interactivity_error_pct"] = f"{(x - spec.interactivity) / spec.interactivity * 100:.2f}"
+        if math.isfinite(x_at):  # also when the target is out of the model's reach: how far short it falls
+            rec["interactivity_at_value"] = f"{x_at:.6g}"
+            rec["interactivity_error_pct"] = f"{(x_at - spec.interactivity) / spec.interactivity * 100:.2f}"
         out.append(rec)
     return out
 

@@ -61,7 +61,9 @@ def test_a_measured_value_equal_to_the_prediction_reads_back_the_rows_interactiv
     predictor, _, s = spec(1.0)
     predicted = float(predictor.predict(s, params)[0])
     predictor, _, s = spec(predicted)
-    assert predictor.interactivity_at_value(s, params) == pytest.approx(100.0, rel=1e-3)
+    value, _, _, x_at = predictor.predict_row(s, params)
+    assert float(value) == pytest.approx(predicted, rel=1e-6)  # the measured value does not move the prediction
+    assert x_at == pytest.approx(100.0, rel=1e-3)
 
 
 def test_validate_reports_the_interactivity_error_with_the_sign_of_the_throughput_error():
