@@ -80,6 +80,11 @@ def mappings_for(spec: RowSpec, arch, max_chips: int):
     return named
 
 
+def _at(a, idx):
+    """a[m, idx[m]] for every mapping m of a [M, C] grid array."""
+    return jnp.take_along_axis(a, idx[:, None], axis=1)[:, 0]
+
+
 def read_metric(spec: RowSpec, out: dict, target=None):
     """The row's metric from the grid (arrays [M, C]); returns (value, mapping index, concurrency index).
     ``target``: the interactivity to read at (defaults to the row's; may be traced)."""
@@ -107,20 +112,16 @@ def read_metric(spec: RowSpec, out: dict, target=None):
     # of mappings), interpolate along concurrency
     x, y = out["interactivity_tok_s_user"], out["total_tok_s_per_chip"]
     target = spec.interactivity if target is None else target
-
-    def at(a, idx):  # a[m, idx[m]] for every mapping m
-        return jnp.take_along_axis(a, idx[:, None], axis=1)[:, 0]
-
     # interactivity falls as concurrency rises; find each mapping's first concurrency below the target
     below = feas & (x < target)
     j = jnp.argmax(below, axis=1)  # first concurrency slower than the target
     has_below = jnp.any(below, axis=1)
     reach = jnp.max(jnp.where(feas, x, -jnp.inf), axis=1) >= target
     j0 = jnp.maximum(j - 1, 0)
-    x0, x1, y0, y1 = at(x, j0), at(x, j), at(y, j0), at(y, j)
+    x0, x1, y0, y1 = _at(x, j0), _at(x, j), _at(y, j0), _at(y, j)
     interp = y0 + jnp.clip((x0 - target) / jnp.maximum(x0 - x1, 1e-12), 0.0, 1.0) * (y1 - y0)
     last_ok = jnp.maximum(jnp.max(jnp.where(feas, jnp.arange(x.shape[1])[None, :], -1), axis=1), 0)
-    tail = at(y, last_ok)  # every feasible point is faster than the target: the slowest one
+    tail = _at(y, last_ok)  # every feasible point is faster than the target: the slowest one
     inside = has_below & (j > 0)
     vals = jnp.where(reach, jnp.where(inside, interp, jnp.where(has_below, neg, tail)), neg)
     js = jnp.where(inside, j0, last_ok)
@@ -136,17 +137,13 @@ def read_interactivity_at(out: dict, value):
     throughput at the row's target, and the two errors together say which is which."""
     feas = out["infeasible_code"] == 0
     x, y = out["interactivity_tok_s_user"], out["total_tok_s_per_chip"]
-
-    def at(a, idx):
-        return jnp.take_along_axis(a, idx[:, None], axis=1)[:, 0]
-
     # throughput rises with concurrency and interactivity falls: the first point delivering the value is the
     # fastest one that does, and the segment before it crosses the value
     ok = feas & (y >= value)
     j = jnp.argmax(ok, axis=1)
     j0 = jnp.maximum(j - 1, 0)
-    x0, x1, y0, y1 = at(x, j0), at(x, j), at(y, j0), at(y, j)
-    crossing = (j > 0) & at(feas, j0)
+    x0, x1, y0, y1 = _at(x, j0), _at(x, j), _at(y, j0), _at(y, j)
+    crossing = (j > 0) & _at(feas, j0)
     t = jnp.clip((value - y0) / jnp.maximum(y1 - y0, 1e-12), 0.0, 1.0)
     # j = 0: even the lowest concurrency delivers the value, so its interactivity is the most this mapping shows
     x_at = jnp.where(crossing, x0 + t * (x1 - x0), x1)
