@@ -96,6 +96,7 @@ class Recommendation:
     designs: list[DesignMix] = dataclasses.field(default_factory=list)
     summaries: list[DesignSummary] = dataclasses.field(default_factory=list)
     chain_steps: int = 1
+    chain_in_e2e: bool = False  # the rows' E2E already spans the chain (an agentic scenario's does)
     top_k: int = 5
     notes: list[str] = dataclasses.field(default_factory=list)
 
@@ -111,7 +112,7 @@ class Recommendation:
     def metric(self, design: DesignMix | None, metric: str, target: float, workload: str) -> float:
         if design is None or workload not in design.by_workload:
             return float("nan")
-        return design.by_workload[workload].metric(metric, target, self.chain_steps)
+        return design.by_workload[workload].metric(metric, target, 1 if self.chain_in_e2e else self.chain_steps)
 
     def gain(self, design: DesignMix | None, other: DesignMix | None, target: float | None = None, *,
              workload: str | None = None, metric: str = "objective") -> float:
@@ -179,7 +180,8 @@ def normalise_mix(mix: dict | None, workloads: list[str]) -> tuple[dict[str, flo
 
 
 def recommend(table: pa.Table, objective: str, targets, top_k: int, *, mix: dict | None = None,
-              chain_steps: int = 1, headline_target: float | None = None) -> Recommendation:
+              chain_steps: int = 1, chain_in_e2e: bool = False, headline_target: float | None = None
+              ) -> Recommendation:
     """Per generation and target: the mix-Pareto set, ranked by weighted geometric-mean ratio to the baseline."""
     targets = tuple(float(t) for t in targets)
     headline = float(headline_target) if headline_target is not None else targets[len(targets) // 2]
@@ -263,14 +265,14 @@ def recommend(table: pa.Table, objective: str, targets, top_k: int, *, mix: dict
                           competitors=competitors, ranked=ranked, best=best, infeasible=infeasible,
                           unreachable=unreachable, mix=weights, workloads=workloads, pareto=pareto, robust=robust,
                           reference=reference, designs=designs, summaries=summaries, chain_steps=int(chain_steps),
-                          top_k=int(top_k), notes=notes)
+                          chain_in_e2e=bool(chain_in_e2e), top_k=int(top_k), notes=notes)
 
 
 def recommend_from_meta(table: pa.Table, meta: dict) -> Recommendation:
     """:func:`recommend` with the settings the study recorded (:func:`settings_from_meta`)."""
     s = settings_from_meta(meta)
     return recommend(table, s["objective"], s["targets"], s["top_k"], mix=s["mix"], chain_steps=s["chain_steps"],
-                     headline_target=s["headline_target"])
+                     chain_in_e2e=s["chain_in_e2e"], headline_target=s["headline_target"])
 
 
 def generation_gains(rec: Recommendation, metrics=tuple(GAIN_METRICS), *, per_target_best: bool = True) -> list[dict]:

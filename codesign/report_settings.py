@@ -57,7 +57,8 @@ def _config_mix(cfg: dict, path: str) -> dict[str, float] | None:
 
 
 def settings_from_meta(meta: dict, workloads=None) -> dict:
-    """objective, targets, top_k, mix, chain_steps, headline_target and dpi for a report, from the study's meta:
+    """objective, targets, top_k, mix, chain_steps (and chain_in_e2e: whether the rows' E2E already is the chain,
+    as an agentic scenario's is), headline_target and dpi for a report, from the study's meta:
     its own keys first, then the study's config (``config.report``, ``config.scenario``, ``config.mix``), then
     defaults. Every value is checked: a bad one is a ConfigError naming the field of ``study.json`` (e.g.
     ``study.json: targets[0]``) and the value. ``workloads`` (those with rows in the results), when given, must
@@ -93,9 +94,12 @@ def settings_from_meta(meta: dict, workloads=None) -> dict:
         return _DEFAULTS[field] if path is None else check_quantity(v, path, integer=True)
 
     top_k = integer("top_k", (top + "top_k", meta, "top_k"), (crep + "top_k", rep, "top_k"))
-    steps = integer("chain_steps", (top + "agent_chain_steps", meta, "agent_chain_steps"),
-                    (crep + "agent_chain_steps", rep, "agent_chain_steps"),
-                    (cscen + "chain_steps", scen, "chain_steps"))
+    # An agentic scenario's E2E is already its chain of dependent turns (tool gaps included, serving.serve):
+    # the chain is that one, not report.agent_chain_steps requests of it.
+    chain_in_e2e = scen.get("kind") == "agentic"
+    chain_sources = [(top + "agent_chain_steps", meta, "agent_chain_steps"),
+                     (crep + "agent_chain_steps", rep, "agent_chain_steps"), (cscen + "chain_steps", scen, "chain_steps")]
+    steps = integer("chain_steps", *(chain_sources[2:] + chain_sources[:2] if chain_in_e2e else chain_sources))
     dpi = integer("dpi", (crep + "dpi", rep, "dpi"))
     if dpi > MAX_DPI:
         raise ConfigError(crep + "dpi", f"must be <= {MAX_DPI}, got {dpi}")
@@ -116,4 +120,4 @@ def settings_from_meta(meta: dict, workloads=None) -> dict:
                 raise ConfigError(path, f"workload {w!r} has no rows in results.parquet (workloads there: "
                                         f"{', '.join(have) or 'none'})")
     return {"objective": objective, "targets": tuple(float(t) for t in targets), "top_k": top_k, "mix": mix,
-            "chain_steps": steps, "headline_target": headline, "dpi": dpi}
+            "chain_steps": steps, "chain_in_e2e": chain_in_e2e, "headline_target": headline, "dpi": dpi}

@@ -348,8 +348,11 @@ def report_notes(rec: Recommendation, meta: dict, figure_notes: list[str]) -> li
                  "dominated there), ranked by the weighted geometric mean of their objective over the reference "
                  "(the Gen 1 baseline where it reaches the target); most robust: the best worst-case ratio.")
     notes.append("Cost: " + COST_NOTE + ".")
-    notes.append(f"Agent-chain latency: {rec.chain_steps} x the E2E latency of the frontier operating point at the "
-                 f"target (interpolated along the frontier); gains are the reference's latency over the design's.")
+    chain = (f"the scenario's chain of {rec.chain_steps} dependent turns (its E2E, tool gaps included)"
+             if rec.chain_in_e2e else f"{rec.chain_steps} x the E2E latency of one request")
+    notes.append(f"Agent-chain latency: {chain} at the design's lowest-latency operating point, whatever the target "
+                 f"(at matched interactivity TPOT is equal by construction); gains are the reference's latency over "
+                 f"the design's.")
     notes += rec.notes + figure_notes
     over = overhead_note(meta, t)
     if over:

@@ -169,14 +169,23 @@ def test_values_and_gains_at_matched_interactivity():
     assert mix["gain"] == pytest.approx(1.5 / 1.25 * (1200 / 700))
     chain = next(r for r in gains if r["generation"] == "gen2" and r["versus"] == "base" and
                  r["metric"] == "chain_latency" and r["workload"] == "B")
-    assert chain["design_value"] == pytest.approx(8 * 19.0) and chain["gain"] == pytest.approx(1.0)
+    # the chain runs at each design's fastest point (e2e = 10 + 900 / x, lowest at its highest x), not at the
+    # target, where every design has the same TPOT: d8 and the baseline both reach 400 tok/s/user, gb300 only 200
+    assert chain["design_value"] == pytest.approx(8 * (10.0 + 900.0 / 400.0)) and chain["gain"] == pytest.approx(1.0)
+    chain300 = next(r for r in gains if r["generation"] == "gen2" and r["versus"] == "gb300" and
+                    r["metric"] == "chain_latency" and r["workload"] == "B")
+    assert chain300["gain"] == pytest.approx((10.0 + 900.0 / 200.0) / (10.0 + 900.0 / 400.0))
+    assert summ[("d5", "B")].min_e2e_s == pytest.approx(10.0 + 900.0 / 50.0)
+    assert math.isnan(summ[("d6", "A")].min_e2e_s)  # no feasible point
     usd = next(r for r in gains if r["generation"] == "gen2" and r["versus"] == "base" and r["metric"] == "per_usd"
                and r["workload"] == "A")
     assert usd["gain"] == pytest.approx(1.5 / 0.5)
-    # gb300 cannot reach 300 tok/s/user: its gains there are n/a
+    # gb300 cannot reach 300 tok/s/user: its gains there are n/a, except the chain latency at its fastest point
     rec3 = recommend(table, "total_tok_s_per_kw", [300], top_k=3)
     g3 = [r for r in generation_gains(rec3) if r["versus"] == "gb300"]
-    assert g3 and all(math.isnan(r["gain"]) for r in g3)
+    assert g3 and all(math.isnan(r["gain"]) for r in g3 if r["metric"] != "chain_latency")
+    assert all(r["gain"] == pytest.approx((10.0 + 900.0 / 200.0) / (10.0 + 900.0 / 400.0))
+               for r in g3 if r["metric"] == "chain_latency")
 
 
 def test_settings_come_from_meta_and_axes_are_discovered():

@@ -78,9 +78,11 @@ def test_config_fallbacks_are_checked_too():
 def test_good_settings_are_unchanged():
     s = settings_from_meta(synthetic_meta(), WORKLOADS)
     assert s == {"objective": "total_tok_s_per_kw", "targets": (50.0, 100.0, 300.0), "top_k": 3,
-                 "mix": {"A": 0.5, "B": 0.5}, "chain_steps": 6, "headline_target": None, "dpi": 60}
+                 "mix": {"A": 0.5, "B": 0.5}, "chain_steps": 6, "chain_in_e2e": False, "headline_target": None,
+                 "dpi": 60}
     assert settings_from_meta({}) == {"objective": "total_tok_s_per_kw", "targets": (50.0, 100.0, 200.0), "top_k": 5,
-                                      "mix": None, "chain_steps": 1, "headline_target": None, "dpi": 110}
+                                      "mix": None, "chain_steps": 1, "chain_in_e2e": False, "headline_target": None,
+                                      "dpi": 110}
     # recommend_from_meta keeps leaving out (with a note) mix workloads without rows: only the report command,
     # which knows the run's workloads, refuses them
     rec = recommend_from_meta(synthetic_table(), {"mix": {"A": 1, "gone": 1}})
@@ -291,3 +293,18 @@ def test_sweep_chips_keep_unknown_figures_and_infeasible_designs(tmp_path):
         compare._sweep_chip(dead | {"chip_hbm_bandwidth_bytes_per_s": -1.0})
     with pytest.raises(ConfigError, match=r"chip_fp4_flops_per_s: must be finite, got nan"):
         compare._sweep_chip(dead | {"chip_fp4_flops_per_s": math.nan})
+
+
+def test_an_agentic_scenario_chain_is_its_e2e_not_a_multiple_of_it():
+    # serving.serve already makes an agentic row's E2E the chain of the scenario's turns (tool gaps included):
+    # the report must not multiply it again by report.agent_chain_steps
+    agentic = {"agent_chain_steps": 10, "config": {"scenario": {"kind": "agentic", "chain_steps": 4}}}
+    s = settings_from_meta(agentic)
+    assert s["chain_steps"] == 4 and s["chain_in_e2e"] is True
+    closed = settings_from_meta({"agent_chain_steps": 10, "config": {"scenario": {"kind": "closed_loop"}}})
+    assert closed["chain_steps"] == 10 and closed["chain_in_e2e"] is False
+    table = synthetic_table()
+    for meta, factor in ((agentic, 1.0), ({"agent_chain_steps": 10}, 10.0)):
+        rec = recommend_from_meta(table, meta)
+        base = rec.baseline
+        assert rec.metric(base, "chain_latency", 100.0, "A") == pytest.approx(factor * (10.0 + 900.0 / 400.0))
