@@ -48,9 +48,10 @@ compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit 
 
 Parallel mapping (vectorisable floats): ``tp`` tensor parallel inside an attention replica, ``dp`` attention data
 parallel replicas, ``ep`` expert parallel ranks over the tp x dp chips of a stage, ``pp`` pipeline stages.
-Attention-side and dense-FFN kernels split their work over tp x dp chips and their weights over tp; KV heads split
-over min(tp, KV heads) (MLA's shared latent does not split); routed experts shard over all tp x dp chips, with the
-expected load imbalance of the busiest EP rank. The power model (``power``) caps sustained power at the rating by
+Attention-side and dense-FFN kernels split their weights and the busiest replica's work over tp (a request lives
+on one replica: one prompt or B < dp sequences keep the other replicas idle while every rank waits at the experts'
+all-to-all); KV heads split over min(tp, KV heads) (MLA's shared latent does not split); routed experts shard over
+all tp x dp chips, with the expected load imbalance of the busiest EP rank. The power model (``power``) caps sustained power at the rating by
 throttling the clock of the compute-bound part.
 """
 
@@ -230,20 +231,35 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     tokens = q_tokens + pre_tokens
     ctx = jnp.minimum(w.context, kt.ctx_cap)  # [K]
     pairs = causal_pairs(w.prefill_len, kt.ctx_cap)  # [K]
-    # matmul FLOPs by dtype [K, D] for the whole step, then per chip
-    flops_dec = kt.d_flops_b * q_tokens + kt.d_flops_bc * (q_tokens * ctx)[:, None]
-    flops = (flops_dec + kt.p_flops_r * w.prefill_requests + kt.p_flops_t * pre_tokens
-             + kt.p_flops_tt * (w.prefill_requests * pairs)[:, None])
+    # Attention-DP replicas each hold their own sequences and wait for the busiest one at every layer's expert
+    # all-to-all, so the non-expert kernels run the busiest replica's share: max(x / dp, min(x, 1)) sequences or
+    # prompts, since a lone request lives whole on one replica (exact on power-of-two batches; dp = 1: all of x).
+    # The routed experts see every replica's tokens.
+    dec_r = jnp.maximum(w.decode_tokens / m.dp, jnp.minimum(w.decode_tokens, 1.0))
+    req_r = jnp.maximum(w.prefill_requests / m.dp, jnp.minimum(w.prefill_requests, 1.0))
+    q_r, pre_r = dec_r * w.decode_queries, req_r * w.prefill_len
+    tokens_r = q_r + pre_r
+
+    def step_flops(q, req, pre):  # matmul FLOPs by dtype [K, D] of q decode query tokens and req prompts
+        dec = kt.d_flops_b * q + kt.d_flops_bc * (q * ctx)[:, None]
+        return dec, dec + kt.p_flops_r * req + kt.p_flops_t * pre + kt.p_flops_tt * (req * pairs)[:, None]
+
+    is_exp = (kt.group == GROUP_EXPERTS)[:, None]
+    flops_dec_all, flops_all = step_flops(q_tokens, w.prefill_requests, pre_tokens)
+    flops_dec_r, flops_r = step_flops(q_r, req_r, pre_r)
+    flops_dec = jnp.where(is_exp, flops_dec_all, flops_dec_r)
+    flops = jnp.where(is_exp, flops_all, flops_r)  # the experts' whole step, the busiest replica's elsewhere
+    is_exp = is_exp[:, 0]
     touched = expected_experts(kt.num_experts, kt.experts_per_token, tokens)
-    is_exp = kt.group == GROUP_EXPERTS
     imbalance = jnp.where(is_exp, ep_imbalance(tokens, kt.experts_per_token, m.ep), 1.0)
-    flops_chip = flops * (imbalance / n_stage)[:, None]
+    per_chip = jnp.where(is_exp, imbalance / n_stage, 1.0 / m.tp)  # experts shard over the stage, the rest over tp
+    flops_chip = flops * per_chip[:, None]
     native_fp4 = jnp.where(chip.fp4_flops_per_s > 0, p.fp4_efficiency, 1.0)
     rates = jnp.stack([chip.math_rate(dt) * (native_fp4 if dt == "fp4" else 1.0) for dt in MATH_DTYPES]) * clock
     # GEMM rows: the step's tokens, except that a per-request kernel (the lm_head) sees one row per prefill
     per_request = (jnp.sum(kt.p_flops_r, axis=1) > 0) & (jnp.sum(kt.p_flops_t + kt.p_flops_tt, axis=1) == 0)
-    gemm_rows = q_tokens + jnp.where(per_request, w.prefill_requests, pre_tokens)
-    rows = jnp.where(is_exp, tokens * kt.experts_per_token / jnp.maximum(touched, 1e-9), gemm_rows / m.dp)
+    gemm_rows = q_r + jnp.where(per_request, req_r, pre_r)  # the busiest replica's
+    rows = jnp.where(is_exp, tokens * kt.experts_per_token / jnp.maximum(touched, 1e-9), gemm_rows)
     e_max = jnp.where(kt.kind == KIND_MOE, p.moe_efficiency_max,
                       jnp.where(kt.kind == KIND_ATTENTION, p.attention_efficiency_max, p.gemm_efficiency_max))
     half = jnp.where(kt.kind == KIND_MOE, p.moe_rows_half,
@@ -257,7 +273,7 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     # (module docstring): a decode step's query heads sharing one KV head on the chip times its query tokens, a
     # prefill's prompt tokens
     group = kt.query_heads / jnp.maximum(kt.kv_split_limit, m.tp)
-    t_dec = jnp.sum(flops_dec * (imbalance / n_stage)[:, None] / rates, axis=1)
+    t_dec = jnp.sum(flops_dec * per_chip[:, None] / rates, axis=1)
     t_attn = (t_dec * (1.0 + half / jnp.maximum(w.decode_queries * group, 1e-6))
               + (t_peak - t_dec) * (1.0 + half / jnp.maximum(w.prefill_len, 1e-6)))
     t_compute = jnp.where(kt.kind == KIND_ATTENTION, t_attn / e_max, t_compute)
@@ -272,10 +288,11 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     is_gemm = (kt.kind == KIND_GEMM) | (kt.kind == KIND_MOE)
     t_compute = t_compute * (1.0 + jnp.where(is_gemm, p.gemm_k_half * inv_k, 0.0))
     # bytes per chip
-    kv_split = m.dp * jnp.minimum(m.tp, kt.kv_split_limit)
     weights = jnp.where(is_exp, touched / kt.num_experts * kt.expert_weight_bytes / n_stage, kt.weight_bytes / m.tp)
-    kv = (kt.d_kv_read_bc * w.decode_tokens * ctx + kt.kv_write_b * tokens) / kv_split
-    act = (kt.d_act_b * q_tokens + kt.p_act_r * w.prefill_requests + kt.p_act_t * pre_tokens) / n_stage
+    # KV lives with its sequence's replica: the busiest one's, its heads split over min(tp, KV heads)
+    kv = (kt.d_kv_read_bc * dec_r * ctx + kt.kv_write_b * tokens_r) / jnp.minimum(m.tp, kt.kv_split_limit)
+    act = jnp.where(is_exp, (kt.d_act_b * q_tokens + kt.p_act_r * w.prefill_requests + kt.p_act_t * pre_tokens)
+                    / n_stage, (kt.d_act_b * q_r + kt.p_act_r * req_r + kt.p_act_t * pre_r) / m.tp)
     resident = weights + kv
     total_resident = jnp.sum(resident * kt.count)
     # explicit placement pins a pro-rata share of the resident bytes; a cache serves them only when they all fit
@@ -294,7 +311,7 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     link, lat = chip.scaleup_bandwidth_bytes_per_s * p.link_efficiency, chip.scaleup_latency_s
     out_link = chip.scaleout_bandwidth_bytes_per_s * p.link_efficiency
     out_lat = 5.0 * lat  # a scale-out hop: NIC + switch tiers (assumed 5x a scale-up hop)
-    msg = tokens / m.dp * kt.hidden_size * kt.activation_bytes
+    msg = tokens_r * kt.hidden_size * kt.activation_bytes  # a TP group all-reduces its replica's tokens
     # every collective call also pays a fixed launch + synchronisation cost (NCCL-class small-message latency)
     call = p.collective_overhead_s
     # Tokens reach the experts by all-to-all only under attention-DP (dp > 1: each replica holds different tokens;
@@ -308,7 +325,7 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     t_ar = has_ar * (allreduce_time(msg, m.tp, link, lat) + jnp.where(m.tp > 1.0, call, 0.0))
     # dispatch quantised where the experts take FP8 / FP4 activations, combine at the activations' size (DeepSeek-V3
     # report sec. 3.3.2; DeepEP; serving.precision.DISPATCH_BYTES_QUANTISED)
-    local = tokens / n_stage
+    local = tokens_r / m.tp  # what each rank of the busiest replica dispatches
     a2a_bytes = jnp.where(a2a, local * kt.experts_per_token * kt.hidden_size
                           * (kt.dispatch_bytes + kt.activation_bytes) * (m.ep - 1) / m.ep, 0.0)
 

@@ -266,7 +266,7 @@ def _split(chip, kt, p, m, w, drafts):
 
 @jit
 def _attribution(chip, kt, p, sc, m, concurrency):
-    dec, mix, _, share = step_mix(sc, concurrency)
+    dec, mix, _, share = step_mix(sc, concurrency, m.dp)
     decode = _split(chip, kt, p, m, dec, sc.draft_tokens)
     if mix is not None:
         # a request's iteration as serve.evaluate_point times its TPOT: (1 - share) decode-only iterations, share

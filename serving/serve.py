@@ -56,7 +56,7 @@ def _lengths(sc: Scenario):
     return isl, isl + osl / 2.0, osl
 
 
-def step_mix(sc: Scenario, concurrency):
+def step_mix(sc: Scenario, concurrency, replicas=1.0):
     """The decode iteration at concurrency B as a mix of two steps, a decode-only one and one that also prefills
     (the four values returned are below). In closed loop rho = B x tokens_per_step / OSL requests replace
     finished ones per iteration. A request's prompt is prefilled in one piece (engines' chunks, 8-16k tokens, hold
@@ -64,6 +64,11 @@ def step_mix(sc: Scenario, concurrency):
     decode only; for rho >= 1 every iteration carries rho of them. Spreading a fraction of a prompt over every
     step instead would touch far more routed experts per step than the lumpy truth (expected experts are concave
     in the tokens: Jensen) and bury a low-concurrency MoE decode under prefill weight reads.
+
+    Under attention-DP (``replicas`` = dp) a prompt lives on one replica and every rank waits for the busiest at
+    the experts' all-to-all (serving.perf.kernel_times), so the engine holds new prompts until each replica has one
+    (TensorRT-LLM's attention-DP balancing, ``attention_dp_config.enable_balance``): a share rho / dp of iterations
+    carries dp prompts, one a replica, and rho >= dp prompts spread evenly (with dp = 1 the rule above).
 
     Returns (decode-only work, prefill-carrying work, share for throughput, share for latency). Throughput pays
     every prefill; a request's own TPOT only the prefills of the B - 1 others that land during its decode
@@ -76,7 +81,7 @@ def step_mix(sc: Scenario, concurrency):
     if sc.kind == "disaggregated":
         return dec, None, jnp.float32(0.0), jnp.float32(0.0)
     rho = b * sc.tokens_per_step / osl
-    n = jnp.maximum(rho, 1.0)
+    n = jnp.maximum(rho, replicas)
     share = rho / n
     return dec, dataclasses.replace(dec, prefill_requests=n), share, share * (b - 1.0) / jnp.maximum(b, 1.0)
 
@@ -103,7 +108,7 @@ def evaluate_point(chip: Chip, kt: KernelTable, p: ServingParams, sc: Scenario, 
     tau = sc.tokens_per_step
     chips = m.chips
     t_pre, prefill_in_per_chip = prefill_terms(chip, kt, p, sc, m) if prefill is None else prefill
-    dec_work, mix_work, share, share_lat = step_mix(sc, b)
+    dec_work, mix_work, share, share_lat = step_mix(sc, b, m.dp)
     sums = ("t_compute", "t_memory", "t_comm")
     if mix_work is None:  # disaggregated: the decode pool never prefills
         t_d, out, watts_d, clock_d = _throttled_step(chip, kt, p, m, dec_work)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from arch_space.errors import ConfigError
 from arch_space.chip import Chip, stack
 from serving.architecture import ModelArchitecture
-from serving.kernel_table import build_kernel_table
+from serving.kernel_table import GROUP_EXPERTS, build_kernel_table
 from serving.mappings import enumerate_mappings, mapping_name
 from serving.perf import Mapping, ServingParams, Work, kernel_times, max_sequences, memory_code, power_capped, \
     step_time
@@ -422,6 +422,31 @@ def test_closed_loop_iterations_prefill_whole_prompts():
     assert float(evaluate_point(c, kt, DEFAULT, sc, Mapping(), 1.0)["tpot_s"]) < 0.9 * capped(one)
 
 
+def test_attention_dp_prefills_one_prompt_a_replica_in_a_share_of_iterations():
+    # dep8: a prompt lives on one replica and the others wait for it, so the engine holds new prompts until each of
+    # the 8 replicas has one: a share rho / 8 of iterations carries 8 prompts (rho = B / OSL), one a replica
+    kt = table("qwen3_30b_a3b", "fp8")
+    sc = scenario()
+    isl, osl = sc.mean_isl_tokens, sc.mean_osl_tokens
+    c, m = chip(), Mapping(dp=8, ep=8)
+
+    def capped(w):
+        t0, out = step_time(c, kt, DEFAULT, m, w)
+        return float(power_capped(c, out, t0)[0])
+
+    for b in (1.0, 64.0, 4096.0):
+        rho = b / osl
+        n = max(rho, 8.0)
+        dec = Work(decode_tokens=b, decode_queries=1.0, context=isl + osl / 2, prefill_requests=0.0, prefill_len=isl)
+        t_d, t_m = capped(dec), capped(dataclasses.replace(dec, prefill_requests=n))
+        out = evaluate_point(c, kt, DEFAULT, sc, m, b)
+        share = rho / n
+        assert float(out["output_tok_s_per_chip"]) == pytest.approx(b / ((1 - share) * t_d + share * t_m) / 8,
+                                                                    rel=1e-5)
+        assert float(out["tpot_s"]) == pytest.approx((1 - share * (b - 1) / b) * t_d + share * (b - 1) / b * t_m,
+                                                     rel=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["closed_loop", "offline", "disaggregated"])
 def test_padded_kernel_rows_change_nothing(kind):
     """pad_kernels adds rows with count 0: every output of the evaluator equals the unpadded table's (the oracle is
@@ -630,3 +655,20 @@ def test_attention_rows_are_one_sequences_not_the_batchs(workload, tp, group, ba
     dec = Work(decode_tokens=batch, decode_queries=1.0, context=2048.0, prefill_requests=0.0, prefill_len=length)
     both = dataclasses.replace(dec, prefill_requests=batch)
     np.testing.assert_allclose(compute(p, both), compute(p, dec) + compute(p, pre), rtol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1.0, 4.0, 8.0, 64.0])
+def test_attention_dp_runs_the_busiest_replicas_share(batch):
+    """Under attention-DP each replica holds its own sequences and every rank waits for the busiest at the experts'
+    all-to-all, so on dep8 the attention and dense kernels of a chip do one replica's work: max(B / 8, 1) sequences
+    (a lone sequence lives whole on one replica), exactly what one chip without DP does for that many; a lone
+    prompt's prefill is one replica's whole prefill, not an eighth of it."""
+    kt = table("deepseek_r1", "fp8")
+    rest = np.asarray(kt.group) != GROUP_EXPERTS
+    for work, share in ((decode_work(batch, 1024.0), decode_work(max(batch / 8.0, 1.0), 1024.0)),
+                        (Work(decode_tokens=0.0, decode_queries=1.0, context=0.0, prefill_requests=1.0,
+                              prefill_len=8192.0),) * 2):
+        dep = kernel_times(chip(), kt, IDEAL, Mapping(dp=8, ep=8), work)
+        one = kernel_times(chip(), kt, IDEAL, Mapping(), share)
+        for k in ("t_compute", "t_memory"):
+            assert np.asarray(dep[k])[rest] == pytest.approx(np.asarray(one[k])[rest], rel=1e-5)
