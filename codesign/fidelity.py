@@ -16,12 +16,14 @@ defines it:
 - ``max_interactivity``: tok/s/user at concurrency 1, best mapping;
 - ``peak_total_tput_per_kw``: best total tokens/s per chip over a kW basis the row names (:func:`power_basis`):
   the chip's rating (the schema's definition; the custom-chip disclosure), or InferenceX's all-in provisioned kW
-  per GPU (``inferencex_allin_kw``) where the row's unit says all-in or its source is InferenceX;
+  per GPU (``inferencex_allin_kw``) where the row's unit says all-in or its source is InferenceX (a chip with no
+  all-in figure, the custom chip, is read on its rating unless the unit says all-in);
 - ``min_e2e_latency_s``: lowest mean end-to-end latency.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -210,8 +212,12 @@ class Predictor:
         from serving.perf import ParamSet
 
         if spec.power_basis == "allin" and not float(self.chip(spec).allin_power_w) > 0:
-            raise ConfigError(f"row {spec.row_id}", f"unit/source: per all-in kW (InferenceX's basis), but "
-                                                    f"{spec.hardware} has no all-in kW figure (allin_power_w)")
+            if spec.power_basis_stated:
+                raise ConfigError(f"row {spec.row_id}", f"unit: per all-in kW (InferenceX's basis), but "
+                                                        f"{spec.hardware} has no all-in kW figure (allin_power_w)")
+            # an InferenceX source, but a chip without an all-in figure: the custom chip, whose disclosure
+            # divides by its own rating (reference README, "How the two benchmark families measure")
+            spec = dataclasses.replace(spec, power_basis="rating")
         if isinstance(params, ParamSet):
             params = params.for_vendor(self.vendor(spec))
         static, args, maps, sc = self._row_args(spec)

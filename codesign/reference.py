@@ -35,6 +35,7 @@ class RowSpec:
     interactivity: float | None
     value: float | None
     power_basis: str = "rating"  # peak_total_tput_per_kw: "rating" (chip TDP) or "allin" (InferenceX all-in kW)
+    power_basis_stated: bool = False  # the row's unit names the basis (else its source implies it)
 
     @property
     def setup(self) -> str:
@@ -76,7 +77,8 @@ def power_basis(row: dict) -> str:
     InferenceX's per-power figures divide by an all-in provisioned kW per GPU (reference README: host, network and
     PUE; 2.17 kW for a 1 kW B200), a factor of ~2 apart. The row's unit decides where it names a basis (all-in /
     provisioned, or rating / TDP); otherwise an InferenceX (SemiAnalysis, PowerX) source means all-in, anything
-    else the rating."""
+    else the rating. A chip without an all-in figure (the custom chip, whose disclosure divides by its own rating)
+    is read on its rating unless the unit states all-in (``Predictor.predict_row``)."""
     unit, source = (row.get("unit") or "").lower(), (row.get("source") or "").lower()
     if re.search(r"all[- ]?in|provisioned", unit):
         return "allin"
@@ -118,7 +120,9 @@ def row_spec(row: dict, line: int, known_models, known_hardware) -> RowSpec:
                    chips=_int(row, "chips", where, required=False), mapping=mapping,
                    isl=_int(row, "isl", where), osl=_int(row, "osl", where, required=osl_required), input_dist=dist,
                    draft_tokens=int(m.group(1)) if m else 0, metric=metric, interactivity=inter, value=value,
-                   power_basis=power_basis(row) if metric == "peak_total_tput_per_kw" else "rating")
+                   power_basis=power_basis(row) if metric == "peak_total_tput_per_kw" else "rating",
+                   power_basis_stated=metric == "peak_total_tput_per_kw" and bool(
+                       re.search(r"all[- ]?in|provisioned|\btdp\b|rating|rated", (row.get("unit") or "").lower())))
 
 
 def read_reference(path: Path, known_models, known_hardware) -> tuple[list[dict], list[RowSpec]]:

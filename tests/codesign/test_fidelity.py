@@ -371,7 +371,9 @@ def test_offline_rows_run_at_the_largest_batch_whose_kv_fits(tmp_path):
 def test_per_kw_rows_divide_by_the_basis_their_unit_or_source_names(tmp_path):
     """peak_total_tput_per_kw: the chip rating by default (schema), InferenceX's all-in provisioned kW where the unit
     says so or the source is InferenceX (hardware_specs.csv: B200 1000 W TDP, 2.17 kW all-in), so the two
-    predictions differ by exactly 1000 / 2170; a chip without an all-in figure gets a reason naming the row."""
+    predictions differ by exactly 1000 / 2170; a chip without an all-in figure gets a reason naming the row where
+    the unit says all-in, and its rating where only an InferenceX source implies all-in (the custom chip's
+    disclosure divides by its own rating)."""
     from codesign.validate import validate_rows
 
     predictor = Predictor(CONF_DIR)
@@ -381,14 +383,18 @@ def test_per_kw_rows_divide_by_the_basis_their_unit_or_source_names(tmp_path):
             row(1, **kw, unit="total tok/s per all-in kW"),
             row(2, **kw, unit="tok/s/kW", source="SemiAnalysis InferenceX dashboard"),
             row(3, **kw, unit="tok/s per kW of TDP", source="SemiAnalysis InferenceX dashboard"),
-            row(4, **kw | {"hardware": "jalapeno_gen1"}, unit="total tok/s per all-in kW")]
+            row(4, **kw | {"hardware": "jalapeno_gen1"}, unit="total tok/s per all-in kW"),
+            # the custom chip's InferenceX runs are disclosed per kW of its own rating (reference README)
+            row(5, **kw | {"hardware": "jalapeno_gen1"}, unit="tok/s/kW", source="SemiAnalysis InferenceX dashboard"),
+            row(6, **kw | {"hardware": "jalapeno_gen1"}, unit="total tok/s per kW")]
     raw, specs = read_reference(write_rows(tmp_path / "kw.csv", rows), predictor.models, predictor.hardware)
-    assert [s.power_basis for s in specs] == ["rating", "allin", "allin", "rating", "allin"]
+    assert [s.power_basis for s in specs] == ["rating", "allin", "allin", "rating", "allin", "allin", "rating"]
     out = validate_rows(predictor, params, raw, specs)
     rating, allin, inferencex, tdp = (float(r["predicted"]) for r in out[:4])
     assert allin == pytest.approx(rating * 1000.0 / 2170.0, rel=1e-5)
     assert inferencex == pytest.approx(allin, rel=1e-6) and tdp == pytest.approx(rating, rel=1e-6)
     assert out[4]["predicted"] == "" and "jalapeno_gen1 has no all-in kW figure" in out[4]["reason"]
+    assert out[5]["reason"] == "" and float(out[5]["predicted"]) == pytest.approx(float(out[6]["predicted"]), rel=1e-6)
 
 
 def test_an_mtp_row_accepts_its_first_draft_token_at_the_deepseek_v3_rate(tmp_path):
