@@ -37,6 +37,11 @@ GROUP_ATTENTION, GROUP_FFN, GROUP_EXPERTS = 0, 1, 2
 _KIND = {"matmul": KIND_GEMM, "lm_head": KIND_GEMM, "router": KIND_GEMM, "embed": KIND_VECTOR,
          "attention": KIND_ATTENTION, "moe_experts": KIND_MOE}
 _FFN_OPS = ("mlp", "shared_expert")
+# Kernels whose weights every TP rank holds whole: MLA's down-projections from the hidden state to the compressed
+# query and KV latents (DeepSeek-V3 / Kimi K2.5 wq_a and wkv_a, 7168 -> 1536 and 7168 -> 576): vLLM and SGLang
+# build them as ReplicatedLinear (fused as fused_qkv_a_proj_with_mqa), since their narrow outputs feed a norm and
+# the attention of every head; they do the whole replica's work on every rank.
+_TP_REPLICATED_OPS = ("q_a_proj", "kv_a_proj")
 DECODE_C0 = 1024
 PREFILL_T0 = 256
 
@@ -67,6 +72,7 @@ class KernelTable:
     tp_allreduce: np.ndarray  # 1.0 where a TP all-reduce follows the kernel (experts all-to-all: EP + attention-DP)
     tp_allreduce_ep1: np.ndarray  # ... when the experts see every token (ep = 1, or tpNepN): their partial sums too
     ep_alltoall: np.ndarray  # 1.0 on the routed-experts kernels (dispatch + combine under EP with attention-DP)
+    tp_replicated: np.ndarray  # 1.0 where every TP rank holds the weights whole and does the work (_TP_REPLICATED_OPS)
     draft_count: np.ndarray  # how many of the ``count`` kernels one MTP draft step runs (last layer + lm_head)
     count: np.ndarray  # identical kernels merged into this row (the same kernel of every layer of one kind)
     hidden_size: float
@@ -189,6 +195,7 @@ def _trace_table(arch, precision: Precision) -> KernelTable:
             tp_allreduce=float(any(x.op == "all_reduce" for x in a.comm)),
             tp_allreduce_ep1=float(any(x.op == "all_reduce" for x in a_tp.comm)),
             ep_alltoall=float(any(x.op == "all_to_all" for x in a.comm)),
+            tp_replicated=float(op in _TP_REPLICATED_OPS),
             # DeepSeek's MTP module is one more decoder layer (+ eh_proj) sharing the lm_head: its cost is that
             # of the last layer plus the head (eh_proj, 2h x h, is under 1% of a MoE layer and is left out)
             draft_count=float(a.layer == arch.num_layers - 1 or op == "lm_head"), count=1.0))

@@ -48,7 +48,8 @@ compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit 
 
 Parallel mapping (vectorisable floats): ``tp`` tensor parallel inside an attention replica, ``dp`` attention data
 parallel replicas, ``ep`` expert parallel ranks over the tp x dp chips of a stage, ``pp`` pipeline stages.
-Attention-side and dense-FFN kernels split their weights and the busiest replica's work over tp (a request lives
+Attention-side and dense-FFN kernels split their weights and the busiest replica's work over tp (but MLA's
+q_a / kv_a down-projections, which every rank holds whole: ``kernel_table._TP_REPLICATED_OPS``) (a request lives
 on one replica: one prompt or B < dp sequences keep the other replicas idle while every rank waits at the experts'
 all-to-all); KV heads split over min(tp, KV heads) (MLA's shared latent does not split); routed experts shard over
 all tp x dp chips, with the expected load imbalance of the busiest EP rank. The power model (``power``) caps sustained power at the rating by
@@ -252,7 +253,8 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     is_exp = is_exp[:, 0]
     touched = expected_experts(kt.num_experts, kt.experts_per_token, tokens)
     imbalance = jnp.where(is_exp, ep_imbalance(tokens, kt.experts_per_token, m.ep), 1.0)
-    per_chip = jnp.where(is_exp, imbalance / n_stage, 1.0 / m.tp)  # experts shard over the stage, the rest over tp
+    tp_k = jnp.where(kt.tp_replicated > 0, 1.0, m.tp)  # the TP ranks a kernel's weights and work split over
+    per_chip = jnp.where(is_exp, imbalance / n_stage, 1.0 / tp_k)  # experts shard over the stage, the rest over tp
     flops_chip = flops * per_chip[:, None]
     native_fp4 = jnp.where(chip.fp4_flops_per_s > 0, p.fp4_efficiency, 1.0)
     rates = jnp.stack([chip.math_rate(dt) * (native_fp4 if dt == "fp4" else 1.0) for dt in MATH_DTYPES]) * clock
@@ -280,7 +282,7 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     # contraction depth: GEMM and grouped-expert kernels also run at K / (K + k_half) of the row curve (module
     # docstring), with the FLOP-weighted mean 1 / K per chip: row-parallel weights split K over tp (dense), or over
     # the chips sharing each expert (n_stage / ep: experts that EP does not spread whole are TP-sharded)
-    split = jnp.where(is_exp, jnp.maximum(n_stage / m.ep, 1.0), m.tp)
+    split = jnp.where(is_exp, jnp.maximum(n_stage / m.ep, 1.0), tp_k)
     f_dec = jnp.sum(flops_dec, axis=1)
     f_all = jnp.sum(flops, axis=1)
     inv_k = (f_dec * (kt.d_inv_k + kt.d_inv_k_row * split)
@@ -288,11 +290,11 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     is_gemm = (kt.kind == KIND_GEMM) | (kt.kind == KIND_MOE)
     t_compute = t_compute * (1.0 + jnp.where(is_gemm, p.gemm_k_half * inv_k, 0.0))
     # bytes per chip
-    weights = jnp.where(is_exp, touched / kt.num_experts * kt.expert_weight_bytes / n_stage, kt.weight_bytes / m.tp)
+    weights = jnp.where(is_exp, touched / kt.num_experts * kt.expert_weight_bytes / n_stage, kt.weight_bytes / tp_k)
     # KV lives with its sequence's replica: the busiest one's, its heads split over min(tp, KV heads)
     kv = (kt.d_kv_read_bc * dec_r * ctx + kt.kv_write_b * tokens_r) / jnp.minimum(m.tp, kt.kv_split_limit)
     act = jnp.where(is_exp, (kt.d_act_b * q_tokens + kt.p_act_r * w.prefill_requests + kt.p_act_t * pre_tokens)
-                    / n_stage, (kt.d_act_b * q_r + kt.p_act_r * req_r + kt.p_act_t * pre_r) / m.tp)
+                    / n_stage, (kt.d_act_b * q_r + kt.p_act_r * req_r + kt.p_act_t * pre_r) / tp_k)
     resident = weights + kv
     total_resident = jnp.sum(resident * kt.count)
     # explicit placement pins a pro-rata share of the resident bytes; a cache serves them only when they all fit
@@ -394,7 +396,8 @@ def _memory_terms(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, max
     """(weight bytes per chip, KV bytes per sequence at ``max_context`` per chip, usable bytes per chip)."""
     n_stage = m.tp * m.dp
     experts = jnp.sum(kt.expert_weight_bytes * kt.count)
-    weights = ((kt.weight_bytes_total - experts) / m.tp + experts / n_stage) / m.pp
+    whole = jnp.sum(kt.weight_bytes * kt.tp_replicated * kt.count)  # held whole by every TP rank
+    weights = ((kt.weight_bytes_total - experts - whole) / m.tp + whole + experts / n_stage) / m.pp
     per_seq = jnp.sum(kt.kv_write_b * jnp.minimum(max_context, kt.ctx_cap) * kt.count) \
         / (m.dp * jnp.minimum(m.tp, kt.kv_split_limit) * m.pp)
     # bytes pinned in explicitly placed SRAM need no HBM copy

@@ -672,3 +672,29 @@ def test_attention_dp_runs_the_busiest_replicas_share(batch):
         one = kernel_times(chip(), kt, IDEAL, Mapping(), share)
         for k in ("t_compute", "t_memory"):
             assert np.asarray(dep[k])[rest] == pytest.approx(np.asarray(one[k])[rest], rel=1e-5)
+
+
+def test_mla_down_projections_are_held_whole_by_every_tp_rank():
+    """DeepSeek-R1 in FP8 (models.md: hidden 7168, q_lora_rank 1536, kv_lora_rank 512 + rope 64): q_a_proj and
+    kv_a_proj are ReplicatedLinear in vLLM and SGLang, so on tp8 each chip reads their whole weights (at least the
+    7168 x 1536 and 7168 x 576 FP8 values) and does their whole FLOPs, while q_b_proj splits over the 8 ranks; the
+    weights per chip for memory carry them whole too."""
+    kt = table("deepseek_r1", "fp8")
+    w = decode_work(1.0, 1024.0)
+    one = kernel_times(chip(), kt, IDEAL, Mapping(), w)
+    tp8 = kernel_times(chip(), kt, IDEAL, Mapping(tp=8, ep=8), w)
+    names = list(kt.names)
+    for op, (k, n) in {"q_a_proj": (7168, 1536), "kv_a_proj": (7168, 576)}.items():
+        i = names.index(op)
+        assert float(kt.weight_bytes[i]) >= k * n and float(kt.tp_replicated[i]) == 1.0
+        assert float(tp8["t_memory"][i]) == pytest.approx(float(one["t_memory"][i]), rel=1e-6)
+        assert float(tp8["t_compute"][i]) == pytest.approx(float(one["t_compute"][i]), rel=1e-6)
+    i = names.index("q_b_proj")
+    assert float(tp8["t_compute"][i]) == pytest.approx(float(one["t_compute"][i]) / 8, rel=1e-5)
+    from serving.perf import _memory_terms
+    whole = sum(float(kt.weight_bytes[names.index(op)] * kt.count[names.index(op)]) for op in ("q_a_proj", "kv_a_proj"))
+    w1 = float(_memory_terms(chip(), kt, IDEAL, Mapping(tp=8), 1024.0)[0])
+    w8 = float(_memory_terms(chip(), kt, IDEAL, Mapping(tp=8, ep=8), 1024.0)[0])
+    experts = float(np.sum(kt.expert_weight_bytes * kt.count))
+    assert w8 == pytest.approx((kt.weight_bytes_total - experts - whole) / 8 + whole + experts / 8, rel=1e-6)
+    assert w1 == pytest.approx(w8, rel=1e-6)  # tp8 with ep = 1 shards the experts over tp just the same
