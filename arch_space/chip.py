@@ -98,6 +98,15 @@ class Chip:
     def energy_per_flop(self, dtype: str):
         return self.fp8_energy_j_per_flop * ENERGY_PER_FLOP_RELATIVE[dtype]
 
+    def executed_energy_per_flop(self, dtype: str):
+        """Energy of a FLOP of ``dtype`` math as the chip runs it: at the format :meth:`math_rate` falls back to (FP4
+        weights on a chip without FP4 math cost FP8 MACs, not FP4 ones)."""
+        order = _FALLBACK[dtype]
+        energy = self.energy_per_flop(order[-1])
+        for dt in reversed(order[:-1]):
+            energy = jnp.where(getattr(self, f"{dt}_flops_per_s") > 0, self.energy_per_flop(dt), energy)
+        return energy
+
     # ------------------------------------------------------------------ derived values
     def math_rate(self, dtype: str):
         """Effective dense rate for math in ``dtype``, falling back to the next supported (wider) format."""

@@ -375,9 +375,9 @@ def step_time(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: Work
 
 
 def step_energy(chip: Chip, kt_out: dict):
-    """Dynamic energy of a step: FLOPs x energy per FLOP of their dtype + HBM and SRAM bytes x energy per byte +
-    link bytes x energy per byte (per chip)."""
-    e_flop = jnp.stack([chip.energy_per_flop(dt) for dt in MATH_DTYPES])
+    """Dynamic energy of a step: FLOPs x energy per FLOP of the format they run in (the math-rate fallback) + HBM
+    and SRAM bytes x energy per byte + link bytes x energy per byte (per chip)."""
+    e_flop = jnp.stack([chip.executed_energy_per_flop(dt) for dt in MATH_DTYPES])
     return (jnp.sum(kt_out["flops_by_dtype"] * e_flop) + kt_out["hbm_bytes"] * chip.hbm_energy_j_per_byte
             + kt_out["sram_bytes"] * chip.sram_energy_j_per_byte + kt_out["link_bytes"] * chip.link_energy_j_per_byte)
 

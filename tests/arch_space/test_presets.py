@@ -184,6 +184,11 @@ def test_preset_energies_sane(path):
     fp8 = float(chip.fp8_energy_j_per_flop)
     assert math.isclose(float(chip.energy_per_flop("bf16")), 2 * fp8)
     assert math.isclose(float(chip.energy_per_flop("fp4")), 0.5 * fp8)
+    # ... for the format the chip computes in: FP4 math falls back to FP8 (then BF16) where the chip has none
+    for dt, ladder in (("fp4", ("fp4", "fp8", "bf16")), ("fp8", ("fp8", "bf16"))):
+        runs = next(d for d in ladder if d == "bf16" or float(getattr(chip, f"{d}_flops_per_s") or 0) > 0)
+        assert math.isclose(float(chip.executed_energy_per_flop(dt)), {"fp4": 0.5, "fp8": 1.0, "bf16": 2.0}[runs] * fp8,
+                            rel_tol=1e-6)  # a float32 jnp.where
     assert chip.sram_energy_j_per_byte < chip.hbm_energy_j_per_byte < chip.link_energy_j_per_byte
 
 
