@@ -238,7 +238,8 @@ class Predictor:
     def why_not(self, spec: RowSpec, params) -> str:
         """Why the row has no prediction: the most common infeasibility over its mappings and concurrencies, or,
         for a row at an interactivity, the best interactivity any feasible point reaches."""
-        from serving.perf import INFEASIBLE_REASONS, ParamSet
+        from serving.memory import INFEASIBLE_REASONS
+        from serving.perf import ParamSet
         from serving.serve import evaluate_grid
 
         if isinstance(params, ParamSet):
@@ -306,7 +307,7 @@ def _metric_of(params, static, chips, kt, sc, maps, conc, target):
         # (GUARANTEED_NO_EVICT): that batch is rarely a power of two, and where the cache is the limit (long
         # outputs) the grid point below it under-counts the batch by up to 2x. Each mapping also runs at the
         # largest batch that fits, capped at the grid's largest.
-        from serving.perf import max_sequences
+        from serving.memory import max_sequences
         from serving.serve import evaluate_point
 
         chip = jax.tree_util.tree_map(lambda x: x[0], chips)

@@ -22,7 +22,8 @@ from codesign.cli import CONF_DIR, entry, fail, overridden_keys
 from codesign.frontier import pareto_frontier
 from codesign.schema import load_workload
 from arch_space.chip import Chip
-from serving.perf import INFEASIBLE_REASONS, ParamSet
+from serving.memory import INFEASIBLE_REASONS
+from serving.perf import ParamSet
 from serving.precision import Precision
 from serving.scenario import Scenario, check_positions
 

@@ -30,7 +30,8 @@ from arch_space.chip import NUMERIC_FIELDS, Chip
 from arch_space.errors import ConfigError
 from serving.compile import jit
 from serving.kernel_table import KernelTable
-from serving.perf import Mapping, ServingParams, Work, kernel_times, max_sequences, memory_code, micro_batch, \
+from serving.memory import max_sequences, memory_code
+from serving.perf import Mapping, ServingParams, Work, kernel_times, micro_batch, \
     power_capped, step_time
 from serving.precision import MATH_DTYPES
 from serving.scenario import Scenario

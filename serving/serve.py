@@ -23,7 +23,8 @@ import jax.numpy as jnp
 from arch_space.chip import Chip
 from serving.compile import jit
 from serving.kernel_table import KernelTable
-from serving.perf import Mapping, ServingParams, Work, memory_code, power_capped, step_time
+from serving.memory import memory_code
+from serving.perf import Mapping, ServingParams, Work, power_capped, step_time
 from serving.scenario import Scenario
 
 METRICS = ("ttft_s", "tpot_s", "e2e_s", "interactivity_tok_s_user", "output_tok_s_per_chip", "total_tok_s_per_chip",

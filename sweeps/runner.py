@@ -23,7 +23,8 @@ from arch_space.chip import NUMERIC_FIELDS, Chip
 from arch_space.design_space import AXES
 from arch_space.errors import ConfigError
 from serving.mappings import mapping_name
-from serving.perf import INFEASIBLE_REASONS, family_of
+from serving.memory import INFEASIBLE_REASONS
+from serving.perf import family_of
 from serving.serve import METRICS, evaluate_grid
 from sweeps.store import ResultStore, definition_hash
 

@@ -19,7 +19,8 @@ from arch_space.chip import Chip, stack
 from serving.architecture import ModelArchitecture
 from serving.kernel_table import GROUP_EXPERTS, build_kernel_table
 from serving.mappings import enumerate_mappings, mapping_name
-from serving.perf import Mapping, ServingParams, Work, kernel_times, max_sequences, memory_code, power_capped, \
+from serving.memory import max_sequences, memory_code, memory_terms
+from serving.perf import Mapping, ServingParams, Work, kernel_times, power_capped, \
     step_time
 from serving.precision import MATH_DTYPES, Precision
 from serving.scenario import Scenario
@@ -691,10 +692,9 @@ def test_mla_down_projections_are_held_whole_by_every_tp_rank():
         assert float(tp8["t_compute"][i]) == pytest.approx(float(one["t_compute"][i]), rel=1e-6)
     i = names.index("q_b_proj")
     assert float(tp8["t_compute"][i]) == pytest.approx(float(one["t_compute"][i]) / 8, rel=1e-5)
-    from serving.perf import _memory_terms
     whole = sum(float(kt.weight_bytes[names.index(op)] * kt.count[names.index(op)]) for op in ("q_a_proj", "kv_a_proj"))
-    w1 = float(_memory_terms(chip(), kt, IDEAL, Mapping(tp=8), 1024.0)[0])
-    w8 = float(_memory_terms(chip(), kt, IDEAL, Mapping(tp=8, ep=8), 1024.0)[0])
+    w1 = float(memory_terms(chip(), kt, IDEAL, Mapping(tp=8), 1024.0)[0])
+    w8 = float(memory_terms(chip(), kt, IDEAL, Mapping(tp=8, ep=8), 1024.0)[0])
     experts = float(np.sum(kt.expert_weight_bytes * kt.count))
     assert w8 == pytest.approx((kt.weight_bytes_total - experts - whole) / 8 + whole + experts / 8, rel=1e-6)
     assert w1 == pytest.approx(w8, rel=1e-6)  # tp8 with ep = 1 shards the experts over tp just the same
