@@ -259,7 +259,8 @@ def bench_sweeps(arch, precision, scenario, params, gen, space, scaling_designs,
     from serving.kernel_table import build_kernel_table
     from serving.mappings import enumerate_mappings
     from serving.serve import stack_mappings
-    from sweeps.runner import SharedInputs, init_ray, run_sweep
+    from sweeps.ray_workers import init_ray
+    from sweeps.runner import SharedInputs, run_sweep
     from sweeps.store import ResultStore
 
     import warnings

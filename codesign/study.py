@@ -30,7 +30,8 @@ from codesign.schema import Study, yaml_comments
 from serving.kernel_table import build_kernel_table
 from serving.mappings import enumerate_mappings, mapping_name
 from serving.serve import stack_mappings
-from sweeps.runner import DesignSet, SharedInputs, init_ray, run_sweep
+from sweeps.ray_workers import init_ray
+from sweeps.runner import DesignSet, SharedInputs, run_sweep
 from sweeps.store import SORT_KEYS, ResultStore, atomic_write_table, source_fingerprint
 
 # Bump when the evaluation changes what it computes for the same inputs: part of every sweep's identity.

@@ -4,13 +4,13 @@ Ray as its documentation advises: many designs per task (``batch_size``, thousan
 (workload kernel table, serving parameters, scenario, mappings, operating points) ``ray.put`` once, and at most ``max_in_flight`` tasks
 outstanding, drained with ``ray.wait`` (backpressure). Each task writes its own part file atomically, so an
 interrupted sweep keeps every finished batch, and a re-run evaluates only the designs that have no rows yet.
-A task whose worker dies is retried by Ray (``max_retries``).
+A task whose worker dies is retried by Ray (``max_retries``). Starting Ray and checking that its workers run this
+process's code: ``sweeps/ray_workers.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 
@@ -21,13 +21,12 @@ import pyarrow.parquet as pq
 
 from arch_space.chip import NUMERIC_FIELDS, Chip
 from arch_space.design_space import AXES
-from arch_space.errors import ConfigError
 from serving.mappings import mapping_name
 from serving.memory import INFEASIBLE_REASONS
 from serving.perf import family_of
 from serving.serve import METRICS, evaluate_grid
+from sweeps.ray_workers import pin_worker_to_a_core
 from sweeps.store import ResultStore, definition_hash
-
 
 
 @dataclasses.dataclass
@@ -261,44 +260,6 @@ def _done_ids(store: ResultStore, generation: str, workload: str) -> set[str]:
     return done
 
 
-_PINNED: list = []  # this worker process's core lock, once taken (held for the process's lifetime)
-
-
-def pin_worker_to_a_core(lock_dir: str | None = None) -> int | None:
-    """Give this Ray worker one core of its own, as Ray intends for a 1-CPU task: XLA's CPU backend otherwise runs
-    each evaluation on every core of the machine, so N workers oversubscribe N cores (measured on 2 cores: one
-    unpinned process used 1.8 cores; two pinned processes ran at 2.0x one). The core is claimed with an advisory
-    lock file per core (``flock``; released when the process dies, so a killed worker frees its core). Returns the
-    core, or None when every core is taken (more workers than cores: left unpinned)."""
-    import fcntl
-    import tempfile
-
-    if _PINNED:
-        return _PINNED[0]
-    if not hasattr(os, "sched_setaffinity"):
-        return None
-    lock_dir = lock_dir or os.path.join(tempfile.gettempdir(), f"codesign-cores-{os.getuid()}")
-    os.makedirs(lock_dir, exist_ok=True)
-    for core in sorted(os.sched_getaffinity(0)):
-        fh = open(os.path.join(lock_dir, f"core-{core}.lock"), "w")
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            fh.close()
-            continue
-        # every thread: the affinity call applies to one thread, and XLA's pool already exists (it starts when the
-        # task's shared inputs are deserialised); threads started later inherit the affinity
-        tids = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
-        for tid in tids:
-            try:
-                os.sched_setaffinity(int(tid), {core})
-            except OSError:  # a thread that has just exited
-                pass
-        _PINNED.extend([core, fh])
-        return core
-    return None
-
-
 def _evaluate_and_store(store_root_parent: str, definition: dict, shared: SharedInputs, ds: DesignSet) -> int:
     pin_worker_to_a_core()
     store = ResultStore(store_root_parent, definition)
@@ -346,61 +307,6 @@ def run_sweep(design_sets: list[DesignSet], shared: SharedInputs, store: ResultS
     while pending:
         drain()
     return {"evaluated_designs": total, "batches": len(batches), "sweep_id": store.sweep_id}
-
-
-def init_ray(address: str | None, num_workers: int):
-    """Embedded local Ray by default; ``auto`` or ``ray://host:port`` connects to an existing cluster. Then checks
-    that the workers run this process's code (:func:`check_worker_code`)."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    if address:
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-    else:
-        ray.init(num_cpus=num_workers, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
-                 configure_logging=True, logging_level="ERROR")
-    check_worker_code()
-
-
-# what to do when the workers' sources are not the driver's (both errors of check_worker_code end with it)
-_CODE_FIX = "start from the checkout the package is installed from, or run `python -m codesign.main` in this one"
-
-
-def compare_code(driver: tuple[str, str], worker: tuple[str, str]) -> None:
-    """One line naming both source trees when a worker's code differs from the driver's."""
-    if driver[0] != worker[0]:
-        raise ConfigError("ray workers", f"evaluate the sources in {worker[1]} (fingerprint {worker[0]}) but this "
-                          f"process imported {driver[1]} ({driver[0]}): Ray puts the working directory first on its "
-                          f"workers' path, so {_CODE_FIX}")
-
-
-def check_worker_code() -> None:
-    """Ray workers put the driver's working directory first on ``sys.path``: a driver whose package is installed
-    from one checkout, started in another (a git worktree, a copy with local edits), would have its workers evaluate
-    the other checkout's model and store its rows under this one's sweep hash, silently. One task on a worker
-    compares the fingerprints (a cluster's workers are held to the same sources)."""
-    import ray
-
-    def identity():
-        # nested, so Ray ships it by value: a worker importing another checkout may not have this module's functions;
-        # the fingerprint of the packages that compute rows, as imported where it runs, and where they are
-        import importlib
-        from pathlib import Path
-
-        from sweeps.store import source_fingerprint
-
-        dirs = [Path(importlib.import_module(n).__file__).parent for n in ("arch_space", "serving", "sweeps")]
-        return source_fingerprint(*dirs), str(dirs[0].parent)
-
-    ours = identity()
-    try:
-        theirs = ray.get(ray.remote(identity).remote())
-    except ray.exceptions.RayTaskError as err:  # the worker's packages could not even run the check
-        raise ConfigError("ray workers", f"could not fingerprint their sources ({type(err.cause).__name__}) while "
-                          f"this process imported {ours[1]}: {_CODE_FIX}") from err
-    compare_code(ours, theirs)
 
 
 def result_design_ids(table: pa.Table) -> np.ndarray:

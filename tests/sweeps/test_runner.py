@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pytest
 
 from arch_space.errors import ConfigError
-from sweeps import runner
+from sweeps import ray_workers, runner
 from sweeps.runner import evaluate_rows, frontier_mask, run_sweep
 from sweeps.store import ResultStore
 from conftest import tables_equal
@@ -130,7 +130,7 @@ def test_interrupted_driver_resumes_without_writing_twice(tmp_path, ray_local):
 def test_workers_claim_distinct_cores_and_release_them_on_exit(tmp_path):
     import subprocess
 
-    code = ("import os, sys, time; from sweeps.runner import pin_worker_to_a_core as p; "
+    code = ("import os, sys, time; from sweeps.ray_workers import pin_worker_to_a_core as p; "
             "c = p(sys.argv[1]); print(c, sorted(os.sched_getaffinity(0)), flush=True); time.sleep(float(sys.argv[2]))")
     root = str(Path(__file__).resolve().parents[2])
     cores = sorted(os.sched_getaffinity(0))
@@ -149,10 +149,10 @@ def test_workers_claim_distinct_cores_and_release_them_on_exit(tmp_path):
 
 
 def test_compare_code_names_both_source_trees():
-    runner.compare_code(("abc", "/a"), ("abc", "/b"))  # the same sources from two places are the same code
+    ray_workers.compare_code(("abc", "/a"), ("abc", "/b"))  # the same sources from two places are the same code
     with pytest.raises(ConfigError, match=r"ray workers: evaluate the sources in /b \(fingerprint def\) but this "
                                           r"process imported /a \(abc\)"):
-        runner.compare_code(("abc", "/a"), ("def", "/b"))
+        ray_workers.compare_code(("abc", "/a"), ("def", "/b"))
 
 
 @pytest.mark.slow
@@ -167,7 +167,7 @@ def test_init_ray_refuses_workers_that_import_another_checkout(tmp_path):
         shutil.copytree(root / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     with open(tmp_path / "serving" / "__init__.py", "a") as f:
         f.write("# a local edit\n")
-    code = "from sweeps.runner import init_ray; init_ray(None, 1); print('ok')"
+    code = "from sweeps.ray_workers import init_ray; init_ray(None, 1); print('ok')"
     env = dict(os.environ, PYTHONPATH=str(root))
     # -P: the driver does not put its working directory on its own path (as the `codesign` console script)
     bad = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
