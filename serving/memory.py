@@ -3,8 +3,9 @@
 Weights per chip: the non-routed weights split over tp (but those every TP rank holds whole, MLA's down-projections:
 ``kernel_table._TP_REPLICATED_OPS``), the routed experts over the tp x dp chips of a stage, everything over the pp
 stages. KV per sequence per chip: heads split over min(tp, KV heads) (MLA's shared latent does not split), layers
-over pp, and the sequences spread over the dp replicas. Usable: HBM less the reserve the engine keeps (activations, workspace, fragmentation), plus SRAM
-that explicit placement pins. A point is infeasible with the first reason of ``INFEASIBLE_REASONS`` that applies.
+over pp, and the sequences spread over the dp replicas. Usable: HBM less the reserve the engine keeps (activations,
+workspace, fragmentation), plus SRAM that explicit placement pins. A point is infeasible with the first reason of
+``INFEASIBLE_REASONS`` that applies.
 """
 
 from __future__ import annotations

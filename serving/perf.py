@@ -48,12 +48,12 @@ compute by ``comm_overlap``, and a fixed step overhead. Weights and KV that fit 
 
 Parallel mapping (vectorisable floats): ``tp`` tensor parallel inside an attention replica, ``dp`` attention data
 parallel replicas, ``ep`` expert parallel ranks over the tp x dp chips of a stage, ``pp`` pipeline stages.
-Attention-side and dense-FFN kernels split their weights and the busiest replica's work over tp (but MLA's
-q_a / kv_a down-projections, which every rank holds whole: ``kernel_table._TP_REPLICATED_OPS``) (a request lives
-on one replica: one prompt or B < dp sequences keep the other replicas idle while every rank waits at the experts'
-all-to-all); KV heads split over min(tp, KV heads) (MLA's shared latent does not split); routed experts shard over
-all tp x dp chips, with the expected load imbalance of the busiest EP rank. The power model (``power``) caps sustained power at the rating by
-throttling the clock of the compute-bound part.
+Attention-side and dense-FFN kernels split their weights and the busiest replica's work over tp. A request lives on
+one replica, so one prompt, or B < dp sequences, keeps the other replicas idle while every rank waits at the
+experts' all-to-all. MLA's q_a / kv_a down-projections are held whole by every TP rank
+(``kernel_table._TP_REPLICATED_OPS``). KV heads split over min(tp, KV heads) (MLA's shared latent does not split);
+routed experts shard over all tp x dp chips, with the expected load imbalance of the busiest EP rank. The power
+model (``power_capped``) caps sustained power at the rating by slowing the clock of the whole step.
 """
 
 from __future__ import annotations
@@ -387,4 +387,5 @@ def power_capped(chip: Chip, kt_out: dict, seconds):
 
 
 __all__ = ["ServingParams", "ParamSet", "family_of", "Mapping", "Work", "kernel_times", "step_time", "power_capped",
-           "step_energy", "expected_experts", "ep_imbalance", "ENERGY_PER_FLOP_RELATIVE", "GROUP_ATTENTION", "KIND_GEMM"]
+           "step_energy", "expected_experts", "ep_imbalance", "ENERGY_PER_FLOP_RELATIVE", "GROUP_ATTENTION",
+           "KIND_GEMM"]

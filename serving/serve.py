@@ -69,7 +69,8 @@ def step_mix(sc: Scenario, concurrency, replicas=1.0):
     Under attention-DP (``replicas`` = dp) a prompt lives on one replica and every rank waits for the busiest at
     the experts' all-to-all (serving.perf.kernel_times), so the engine holds new prompts until each replica has one
     (TensorRT-LLM's attention-DP balancing, ``attention_dp_config.enable_balance``): a share rho / dp of iterations
-    carries dp prompts, one a replica, and rho >= dp prompts spread evenly (with dp = 1 the rule above).
+    carries dp prompts, one a replica, and rho >= dp prompts spread evenly (with dp = 1 the rule above). The wait this
+    adds to a prompt's TTFT (up to dp / rho iterations) is not charged.
 
     Returns (decode-only work, prefill-carrying work, share for throughput, share for latency). Throughput pays
     every prefill; a request's own TPOT only the prefills of the B - 1 others that land during its decode
