@@ -182,7 +182,8 @@ def gains_figure(rec: Recommendation, gains: list[dict] | None = None, workload:
         extra = f", chain of {rec.chain_steps} dependent call(s)" if m == "chain_latency" else ""
         extra += " (presets rental, candidates owned TCO)" if m == "per_usd" else ""
         ax.set_title(f"{mlabel}{extra}", fontsize=9)
-    fig.suptitle(f"Generation comparison at matched interactivity ({t:g} tok/s/user) on {where}", fontsize=11)
+    fig.suptitle(f"Generation comparison at matched interactivity ({t:g} tok/s/user) on {where}\n"
+                 f"(the agent chain at each design's fastest point)", fontsize=11)
     if legend:
         from matplotlib.patches import Patch
 
