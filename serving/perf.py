@@ -52,7 +52,8 @@ Attention-side and dense-FFN kernels split their weights and the busiest replica
 one replica, so one prompt, or B < dp sequences, keeps the other replicas idle while every rank waits at the
 experts' all-to-all. MLA's q_a / kv_a down-projections are held whole by every TP rank
 (``kernel_table._TP_REPLICATED_OPS``). KV heads split over min(tp, KV heads) (MLA's shared latent does not split);
-routed experts shard over all tp x dp chips, with the expected load imbalance of the busiest EP rank. The power
+routed experts shard over all tp x dp chips, the busiest EP rank setting the pace: its share of the tokens' FLOPs
+(``ep_imbalance``) and of the touched experts' weights (``busiest_rank_experts``). The power
 model (``power_capped``) caps sustained power at the rating by slowing the clock of the whole step.
 """
 
@@ -62,6 +63,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.special
 
 from arch_space.chip import ENERGY_PER_FLOP_RELATIVE, Chip
 from arch_space.errors import ConfigError
@@ -201,6 +203,23 @@ def ep_imbalance(tokens, k, ep):
     return jnp.where(ep > 1.0, 1.0 + sigma * jnp.sqrt(2.0 * jnp.log(ep_safe)) / mu, 1.0)
 
 
+def busiest_rank_experts(num_experts, k, tokens, ep):
+    """Expected touched experts on the busiest EP rank, whose weights it streams while the others wait. Each rank
+    holds E / ep experts, each touched with probability pi = 1 - (1 - k/E)^T, so a rank's count is ~Binomial(E / ep,
+    pi) and the busiest of ep is mean + sd x z_ep, z_ep = Phi^-1((ep - 0.375) / (ep + 0.25)) (Blom 1958: the
+    expected largest of ep standard normals, 1.43 at ep = 8 against the exact 1.42), at most E / ep. At one token of
+    DeepSeek-R1 on 8 ranks (8 of 256 experts) that is 2.4 experts where the mean is 1 (simulated: 2.55): a low-batch
+    step reads ~2.4x the expert weights the mean implies on its slowest rank. ep = 1: every touched expert."""
+    touched = expected_experts(num_experts, k, tokens)
+    ep_safe = jnp.where(ep > 1.0, ep, 2.0)  # the ep = 1 branch is discarded (its ndtri(0.46) is finite anyway)
+    per = num_experts / ep_safe
+    pi = touched / num_experts
+    mean = per * pi
+    sd = jnp.sqrt(jnp.maximum(per * pi * (1.0 - pi), 1e-12))
+    z = jax.scipy.special.ndtri((ep_safe - 0.375) / (ep_safe + 0.25))
+    return jnp.where(ep > 1.0, jnp.where(pi > 0.0, jnp.minimum(mean + sd * z, per), 0.0), touched)
+
+
 def causal_pairs(t, cap):
     """(query, key) pairs of a causal prefill of t tokens with a key window ``cap``: sum_i min(i, cap)."""
     return jnp.where(cap >= t, 0.5 * t * t, t * cap - 0.5 * cap * cap)
@@ -284,7 +303,10 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
     is_gemm = (kt.kind == KIND_GEMM) | (kt.kind == KIND_MOE)
     t_compute = t_compute * (1.0 + jnp.where(is_gemm, p.gemm_k_half * inv_k, 0.0))
     # bytes per chip
-    weights = jnp.where(is_exp, touched / kt.num_experts * kt.expert_weight_bytes / n_stage, kt.weight_bytes / tp_k)
+    # routed experts: the busiest EP rank's touched experts, each split over the n_stage / ep chips sharing it
+    busiest = busiest_rank_experts(kt.num_experts, kt.experts_per_token, tokens, m.ep)
+    weights = jnp.where(is_exp, busiest * m.ep / (kt.num_experts * n_stage) * kt.expert_weight_bytes,
+                        kt.weight_bytes / tp_k)
     # KV lives with its sequence's replica: the busiest one's, its heads split over min(tp, KV heads)
     kv = (kt.d_kv_read_bc * dec_r * ctx + kt.kv_write_b * tokens_r) / jnp.minimum(m.tp, kt.kv_split_limit)
     act = jnp.where(is_exp, (kt.d_act_b * q_tokens + kt.p_act_r * w.prefill_requests + kt.p_act_t * pre_tokens)
@@ -387,5 +409,5 @@ def power_capped(chip: Chip, kt_out: dict, seconds):
 
 
 __all__ = ["ServingParams", "ParamSet", "family_of", "Mapping", "Work", "kernel_times", "step_time", "power_capped",
-           "step_energy", "expected_experts", "ep_imbalance", "ENERGY_PER_FLOP_RELATIVE", "GROUP_ATTENTION",
+           "step_energy", "expected_experts", "ep_imbalance", "busiest_rank_experts", "ENERGY_PER_FLOP_RELATIVE", "GROUP_ATTENTION",
            "KIND_GEMM"]

@@ -698,3 +698,40 @@ def test_mla_down_projections_are_held_whole_by_every_tp_rank():
     experts = float(np.sum(kt.expert_weight_bytes * kt.count))
     assert w8 == pytest.approx((kt.weight_bytes_total - experts - whole) / 8 + whole + experts / 8, rel=1e-6)
     assert w1 == pytest.approx(w8, rel=1e-6)  # tp8 with ep = 1 shards the experts over tp just the same
+
+
+@pytest.mark.parametrize("tokens,tolerance", [(1, 0.08), (4, 0.04), (16, 0.03), (64, 0.03), (256, 0.01)])
+def test_busiest_ep_rank_experts_match_a_simulation(tokens, tolerance):
+    """DeepSeek-R1's routing (256 experts, 8 per token) over 8 EP ranks of 32 experts: the expected number of touched
+    experts on the busiest rank against a Monte Carlo of the routing (2000 steps). The normal approximation is
+    coarsest at one token (a rank's count ~Binomial(32, 1/32)), hence the wider tolerance there."""
+    from serving.perf import busiest_rank_experts
+
+    rng = np.random.default_rng(0)
+    E, k, ep, steps = 256, 8, 8, 2000
+    picks = np.argsort(rng.random((steps, tokens, E)), axis=2)[:, :, :k]  # k distinct experts per token
+    touched = np.zeros((steps, E), bool)
+    np.put_along_axis(touched, picks.reshape(steps, -1), True, axis=1)
+    simulated = touched.reshape(steps, ep, E // ep).sum(axis=2).max(axis=1).mean()
+    assert float(busiest_rank_experts(float(E), float(k), float(tokens), float(ep))) == pytest.approx(
+        simulated, rel=tolerance)
+    assert float(busiest_rank_experts(float(E), float(k), float(tokens), 1.0)) == pytest.approx(
+        E * (1 - (1 - k / E) ** tokens), rel=1e-5)  # one rank holds every touched expert
+
+
+def test_a_low_batch_ep_step_streams_the_busiest_ranks_experts():
+    """At one DeepSeek-R1 token on tp8ep8 the experts kernel's bytes per chip are the busiest rank's ~2.4 experts,
+    not the mean's 1; TP-sharded experts (tp8, ep = 1) read an eighth of each of the 8 touched experts: the mean."""
+    from serving.perf import busiest_rank_experts
+
+    kt = table("deepseek_r1", "fp4")
+    i = list(kt.names).index("experts")
+    p = dataclasses.replace(IDEAL, memory_bytes_half=1e-30)
+    w = decode_work(1.0, 1024.0)
+    ep8 = kernel_times(chip(sram_capacity_bytes=1.0), kt, p, Mapping(tp=8, ep=8), w)
+    tp8 = kernel_times(chip(sram_capacity_bytes=1.0), kt, p, Mapping(tp=8), w)
+    per_expert = float(kt.expert_weight_bytes[i]) / 256
+    busiest = float(busiest_rank_experts(256.0, 8.0, 1.0, 8.0))
+    act = float(tp8["t_memory"][i]) * 3.35e12 - 8 * per_expert / 8
+    assert float(ep8["t_memory"][i]) * 3.35e12 == pytest.approx(busiest * per_expert + act, rel=1e-4)
+    assert 2.2 < busiest < 2.7
