@@ -2,7 +2,7 @@
 
 Expected distinct experts. B tokens each pick k of E experts. Uniform routing: expert i is missed by one token with
 probability 1 - k/E, so E[touched] = E (1 - (1 - k/E)^B) (the coverage of independent draws, as in
-``serving.perf.expected_experts``). Skewed routing: expert popularity is Zipf-like, p_i ∝ 1 / i^s over
+``serving.routing.expected_experts``). Skewed routing: expert popularity is Zipf-like, p_i ∝ 1 / i^s over
 i = 1..E (s = ``skew``; s = 0 is uniform), and the probability that one token's k choices include expert i is
 approximated by p_i' = min(1, k p_i) (exact for k = 1 or s = 0; for k > 1 it ignores that the k picks are without
 replacement, which slightly overstates the hot experts), so E[touched] = sum_i 1 - (1 - p_i')^B. Since

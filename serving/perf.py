@@ -53,7 +53,7 @@ one replica, so one prompt, or B < dp sequences, keeps the other replicas idle w
 experts' all-to-all. MLA's q_a / kv_a down-projections are held whole by every TP rank
 (``kernel_table._TP_REPLICATED_OPS``). KV heads split over min(tp, KV heads) (MLA's shared latent does not split);
 routed experts shard over all tp x dp chips, the busiest EP rank setting the pace: its share of the tokens' FLOPs
-(``ep_imbalance``) and of the touched experts' weights (``busiest_rank_experts``). The power
+(``routing.ep_imbalance``) and of the touched experts' weights (``routing.busiest_rank_experts``). The power
 model (``power_capped``) caps sustained power at the rating by slowing the clock of the whole step.
 """
 
@@ -63,7 +63,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.special
 
 from arch_space.chip import ENERGY_PER_FLOP_RELATIVE, Chip
 from arch_space.errors import ConfigError
@@ -73,6 +72,7 @@ from serving.graph_parallel import experts_alltoall
 from serving.kernel_table import GROUP_ATTENTION, GROUP_EXPERTS, KIND_ATTENTION, KIND_GEMM, KIND_MOE, \
     KernelTable
 from serving.precision import MATH_DTYPES
+from serving.routing import busiest_rank_experts, ep_imbalance, expected_experts
 
 # parameters that are fractions (validated <= 1; codesign.calibrate fits them through a logistic)
 FRACTIONS = ("gemm_efficiency_max", "attention_efficiency_max", "moe_efficiency_max", "fp4_efficiency",
@@ -187,39 +187,6 @@ jax.tree_util.register_dataclass(Mapping, data_fields=["tp", "dp", "ep", "pp"], 
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-def expected_experts(num_experts, k, tokens):
-    """E (1 - (1 - k/E)^T): distinct experts hit by T uniformly routed tokens."""
-    return num_experts * (1.0 - (1.0 - k / num_experts) ** tokens)
-
-
-def ep_imbalance(tokens, k, ep):
-    """Busiest / mean EP-rank load for uniform routing: Gaussian max bound mu + sigma sqrt(2 ln ep) over the mean
-    (as serving/graph_parallel.load_imbalance with skew 0)."""
-    n = jnp.maximum(tokens * k, 1e-9)
-    ep_safe = jnp.where(ep > 1.0, ep, 2.0)  # the ep = 1 branch is discarded, but its sqrt(0) would NaN the gradient
-    q = 1.0 / ep_safe
-    mu = n * q
-    sigma = jnp.sqrt(n * q * (1.0 - q))
-    return jnp.where(ep > 1.0, 1.0 + sigma * jnp.sqrt(2.0 * jnp.log(ep_safe)) / mu, 1.0)
-
-
-def busiest_rank_experts(num_experts, k, tokens, ep):
-    """Expected touched experts on the busiest EP rank, whose weights it streams while the others wait. Each rank
-    holds E / ep experts, each touched with probability pi = 1 - (1 - k/E)^T, so a rank's count is ~Binomial(E / ep,
-    pi) and the busiest of ep is mean + sd x z_ep, z_ep = Phi^-1((ep - 0.375) / (ep + 0.25)) (Blom 1958: the
-    expected largest of ep standard normals, 1.43 at ep = 8 against the exact 1.42), at most E / ep. At one token of
-    DeepSeek-R1 on 8 ranks (8 of 256 experts) that is 2.4 experts where the mean is 1 (simulated: 2.55): a low-batch
-    step reads ~2.4x the expert weights the mean implies on its slowest rank. ep = 1: every touched expert."""
-    touched = expected_experts(num_experts, k, tokens)
-    ep_safe = jnp.where(ep > 1.0, ep, 2.0)  # the ep = 1 branch is discarded (its ndtri(0.46) is finite anyway)
-    per = num_experts / ep_safe
-    pi = touched / num_experts
-    mean = per * pi
-    sd = jnp.sqrt(jnp.maximum(per * pi * (1.0 - pi), 1e-12))
-    z = jax.scipy.special.ndtri((ep_safe - 0.375) / (ep_safe + 0.25))
-    return jnp.where(ep > 1.0, jnp.where(pi > 0.0, jnp.minimum(mean + sd * z, per), 0.0), touched)
-
-
 def causal_pairs(t, cap):
     """(query, key) pairs of a causal prefill of t tokens with a key window ``cap``: sum_i min(i, cap)."""
     return jnp.where(cap >= t, 0.5 * t * t, t * cap - 0.5 * cap * cap)
@@ -409,5 +376,5 @@ def power_capped(chip: Chip, kt_out: dict, seconds):
 
 
 __all__ = ["ServingParams", "ParamSet", "family_of", "Mapping", "Work", "kernel_times", "step_time", "power_capped",
-           "step_energy", "expected_experts", "ep_imbalance", "busiest_rank_experts", "ENERGY_PER_FLOP_RELATIVE", "GROUP_ATTENTION",
+           "step_energy", "ENERGY_PER_FLOP_RELATIVE", "GROUP_ATTENTION",
            "KIND_GEMM"]

@@ -10,7 +10,7 @@ implicit function theorem on I(r, c*(r)) = I*:
 
 with the partial derivatives from JAX. The linearised gain per +step of r is 100 x step x e (%); the actual gain,
 re-solving c* on the perturbed chip, is reported beside it. The derivatives in B are JAX's; should one come out
-non-finite (a kink the model may grow, as ``perf.ep_imbalance`` had at ep = 1 before its guard), a central
+non-finite (a kink the model may grow, as ``routing.ep_imbalance`` had at ep = 1 before its guard), a central
 difference in B replaces it (the chip derivatives are unaffected).
 
 Results are plain Python (floats, strs, lists, dicts) for study.json and the report.

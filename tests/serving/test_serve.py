@@ -357,7 +357,7 @@ def test_ep_imbalance_gradient_is_finite_without_expert_parallelism():
     # would poison every gradient of a dense or TP-only mapping through jnp.where)
     import jax
 
-    from serving.perf import ep_imbalance
+    from serving.routing import ep_imbalance
 
     assert float(jax.grad(lambda t: ep_imbalance(t, 4.0, 1.0))(10.0)) == 0.0
     g8 = float(jax.grad(lambda t: ep_imbalance(t, 4.0, 8.0))(10.0))
@@ -705,7 +705,7 @@ def test_busiest_ep_rank_experts_match_a_simulation(tokens, tolerance):
     """DeepSeek-R1's routing (256 experts, 8 per token) over 8 EP ranks of 32 experts: the expected number of touched
     experts on the busiest rank against a Monte Carlo of the routing (2000 steps). The normal approximation is
     coarsest at one token (a rank's count ~Binomial(32, 1/32)), hence the wider tolerance there."""
-    from serving.perf import busiest_rank_experts
+    from serving.routing import busiest_rank_experts
 
     rng = np.random.default_rng(0)
     E, k, ep, steps = 256, 8, 8, 2000
@@ -722,7 +722,7 @@ def test_busiest_ep_rank_experts_match_a_simulation(tokens, tolerance):
 def test_a_low_batch_ep_step_streams_the_busiest_ranks_experts():
     """At one DeepSeek-R1 token on tp8ep8 the experts kernel's bytes per chip are the busiest rank's ~2.4 experts,
     not the mean's 1; TP-sharded experts (tp8, ep = 1) read an eighth of each of the 8 touched experts: the mean."""
-    from serving.perf import busiest_rank_experts
+    from serving.routing import busiest_rank_experts
 
     kt = table("deepseek_r1", "fp4")
     i = list(kt.names).index("experts")
