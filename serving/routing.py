@@ -37,7 +37,7 @@ def busiest_rank_experts(num_experts, k, tokens, ep):
     DeepSeek-R1 on 8 ranks (8 of 256 experts) that is 2.4 experts where the mean is 1 (simulated: 2.55): a low-batch
     step reads ~2.4x the expert weights the mean implies on its slowest rank. ep = 1: every touched expert."""
     touched = expected_experts(num_experts, k, tokens)
-    ep_safe = jnp.where(ep > 1.0, ep, 2.0)  # the ep = 1 branch is discarded (its ndtri(0.46) is finite anyway)
+    ep_safe = jnp.where(ep > 1.0, ep, 2.0)  # the ep = 1 branch is discarded; this keeps its discarded values finite
     per = num_experts / ep_safe
     pi = touched / num_experts
     mean = per * pi
