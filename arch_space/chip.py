@@ -101,23 +101,23 @@ class Chip:
     def executed_energy_per_flop(self, dtype: str):
         """Energy of a FLOP of ``dtype`` math as the chip runs it: at the format :meth:`math_rate` falls back to (FP4
         weights on a chip without FP4 math cost FP8 MACs, not FP4 ones)."""
-        order = _FALLBACK[dtype]
-        energy = self.energy_per_flop(order[-1])
-        for dt in reversed(order[:-1]):
-            energy = jnp.where(getattr(self, f"{dt}_flops_per_s") > 0, self.energy_per_flop(dt), energy)
-        return energy
+        return self._as_executed(dtype, self.energy_per_flop)
 
     # ------------------------------------------------------------------ derived values
     def math_rate(self, dtype: str):
         """Effective dense rate for math in ``dtype``, falling back to the next supported (wider) format."""
+        return self._as_executed(dtype, lambda dt: getattr(self, f"{dt}_flops_per_s"))
+
+    def _as_executed(self, dtype: str, value_of):
+        """``value_of`` the format ``dtype`` math runs in: ``dtype`` where the chip has a rate for it, else the next
+        supported (wider) format of its fallback order (BF16 last, always)."""
         if dtype not in _FALLBACK:
             raise ConfigError("dtype", f"unknown math dtype {dtype!r} (one of {', '.join(MATH_DTYPES)})")
         order = _FALLBACK[dtype]
-        rate = getattr(self, f"{order[-1]}_flops_per_s")
+        value = value_of(order[-1])
         for dt in reversed(order[:-1]):
-            native = getattr(self, f"{dt}_flops_per_s")
-            rate = jnp.where(native > 0, native, rate)
-        return rate
+            value = jnp.where(getattr(self, f"{dt}_flops_per_s") > 0, value_of(dt), value)
+        return value
 
     def native_math(self, dtype: str) -> bool:
         return bool(np.all(np.asarray(getattr(self, f"{dtype}_flops_per_s")) > 0))

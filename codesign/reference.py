@@ -79,12 +79,21 @@ def power_basis(row: dict) -> str:
     provisioned, or rating / TDP); otherwise an InferenceX (SemiAnalysis, PowerX) source means all-in, anything
     else the rating. A chip without an all-in figure (the custom chip, whose disclosure divides by its own rating)
     is read on its rating unless the unit states all-in (``Predictor.predict_row``)."""
-    unit, source = (row.get("unit") or "").lower(), (row.get("source") or "").lower()
+    stated = stated_power_basis(row)
+    if stated:
+        return stated
+    return "allin" if re.search(r"inferencex|inferencemax|semianalysis|powerx", (row.get("source") or "").lower()) \
+        else "rating"
+
+
+def stated_power_basis(row: dict) -> str | None:
+    """The kW basis the row's unit names ("allin": all-in / provisioned; "rating": rating / TDP), or None."""
+    unit = (row.get("unit") or "").lower()
     if re.search(r"all[- ]?in|provisioned", unit):
         return "allin"
     if re.search(r"\btdp\b|rating|rated", unit):
         return "rating"
-    return "allin" if re.search(r"inferencex|inferencemax|semianalysis|powerx", source) else "rating"
+    return None
 
 
 def row_spec(row: dict, line: int, known_models, known_hardware) -> RowSpec:
@@ -121,8 +130,7 @@ def row_spec(row: dict, line: int, known_models, known_hardware) -> RowSpec:
                    isl=_int(row, "isl", where), osl=_int(row, "osl", where, required=osl_required), input_dist=dist,
                    draft_tokens=int(m.group(1)) if m else 0, metric=metric, interactivity=inter, value=value,
                    power_basis=power_basis(row) if metric == "peak_total_tput_per_kw" else "rating",
-                   power_basis_stated=metric == "peak_total_tput_per_kw" and bool(
-                       re.search(r"all[- ]?in|provisioned|\btdp\b|rating|rated", (row.get("unit") or "").lower())))
+                   power_basis_stated=metric == "peak_total_tput_per_kw" and stated_power_basis(row) is not None)
 
 
 def read_reference(path: Path, known_models, known_hardware) -> tuple[list[dict], list[RowSpec]]:

@@ -225,12 +225,11 @@ def kernel_times(chip: Chip, kt: KernelTable, p: ServingParams, m: Mapping, w: W
         dec = kt.d_flops_b * q + kt.d_flops_bc * (q * ctx)[:, None]
         return dec, dec + kt.p_flops_r * req + kt.p_flops_t * pre + kt.p_flops_tt * (req * pairs)[:, None]
 
-    is_exp = (kt.group == GROUP_EXPERTS)[:, None]
+    is_exp = kt.group == GROUP_EXPERTS
     flops_dec_all, flops_all = step_flops(q_tokens, w.prefill_requests, pre_tokens)
     flops_dec_r, flops_r = step_flops(q_r, req_r, pre_r)
-    flops_dec = jnp.where(is_exp, flops_dec_all, flops_dec_r)
-    flops = jnp.where(is_exp, flops_all, flops_r)  # the experts' whole step, the busiest replica's elsewhere
-    is_exp = is_exp[:, 0]
+    flops_dec = jnp.where(is_exp[:, None], flops_dec_all, flops_dec_r)
+    flops = jnp.where(is_exp[:, None], flops_all, flops_r)  # the experts' whole step, the busiest replica's elsewhere
     touched = expected_experts(kt.num_experts, kt.experts_per_token, tokens)
     imbalance = jnp.where(is_exp, ep_imbalance(tokens, kt.experts_per_token, m.ep), 1.0)
     tp_k = jnp.where(kt.tp_replicated > 0, 1.0, m.tp)  # the TP ranks a kernel's weights and work split over
